@@ -1,0 +1,52 @@
+# kbpg — make help lists the targets.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+export ORT_DISABLE_TELEMETRY := 1
+
+.DEFAULT_GOAL := help
+.PHONY: help install demo test test-fast lint format typecheck check bench clean
+
+help: ## list targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install kbpg with dev tools
+
+demo: $(STAMP) ## start the embedded PostgreSQL, migrate, ingest the sample KB and search it
+	$(BIN)/kbpg db upgrade
+	$(BIN)/kbpg db status
+	$(BIN)/kbpg ingest samples/kb --recursive
+	$(BIN)/kbpg search "how do I renew a parking permit"
+
+test: $(STAMP) ## run the whole test suite against a real PostgreSQL (what CI runs)
+	$(BIN)/pytest -q --durations=15
+
+test-fast: $(STAMP) ## the suite without the NPL quality gate
+	$(BIN)/pytest -q -m "not slow"
+
+lint: $(STAMP) ## ruff lint + format check
+	$(BIN)/ruff check kbpg tests benchmarks migrations
+	$(BIN)/ruff format --check kbpg tests benchmarks migrations
+
+format: $(STAMP) ## ruff format + autofix
+	$(BIN)/ruff format kbpg tests benchmarks migrations
+	$(BIN)/ruff check --fix kbpg tests benchmarks migrations
+
+typecheck: $(STAMP) ## mypy --strict on kbpg/
+	$(BIN)/mypy
+
+check: lint typecheck test ## lint, types and tests
+
+bench: $(STAMP) ## run the retrieval benchmarks (not tests; prints numbers)
+	$(BIN)/python benchmarks/bench_search.py
+
+clean: ## remove the venv, caches and build output (not your KBPG_HOME data)
+	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	find . -name __pycache__ -type d -prune -exec rm -rf {} +

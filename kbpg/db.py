@@ -1,0 +1,221 @@
+"""Connections, migrations and the SQL function files: how kbpg reaches its database."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg_pool import ConnectionPool
+
+from kbpg.config import Settings
+from kbpg.errors import (
+    DatabaseUnavailable,
+    KbpgError,
+    SchemaNotMigrated,
+    first_line,
+    from_psycopg,
+)
+
+VERSION_TABLE = "kbpg_alembic_version"
+CONNECT_TIMEOUT_S = 5
+_PACKAGE_DIR = Path(__file__).resolve().parent
+
+
+def _resource_dir(packaged: str, source: str) -> Path:
+    """sql/ and migrations/ ship inside the wheel; in a source checkout they sit beside kbpg/."""
+    inside = _PACKAGE_DIR / packaged
+    return inside if inside.is_dir() else _PACKAGE_DIR.parent / source
+
+
+def sql_dir() -> Path:
+    return _resource_dir("_sql", "sql")
+
+
+def migrations_dir() -> Path:
+    return _resource_dir("_migrations", "migrations")
+
+
+def sql_files() -> list[Path]:
+    """The function files, in the order they are applied (their numeric prefix)."""
+    return sorted(sql_dir().glob("[0-9][0-9][0-9]-*.sql"))
+
+
+def resolve_url(settings: Settings) -> str:
+    """KBPG_DATABASE_URL when set, else the embedded server (started if needed)."""
+    if settings.database_url:
+        return settings.database_url
+    from kbpg.server import EmbeddedServer
+
+    return EmbeddedServer(settings.home).start()
+
+
+def register_types(conn: psycopg.Connection[Any]) -> None:
+    """Register pgvector's types on a connection when the extension is installed."""
+    from pgvector.psycopg import register_vector
+
+    with contextlib.suppress(psycopg.ProgrammingError):
+        register_vector(conn)
+    # register_vector runs a query; leave no transaction open behind it
+    if not conn.autocommit:
+        conn.rollback()
+
+
+def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:
+    """One connection with pgvector types registered; errors become KbpgError."""
+    try:
+        conn = psycopg.connect(
+            url, autocommit=autocommit, connect_timeout=CONNECT_TIMEOUT_S, **kwargs
+        )
+    except psycopg.Error as exc:
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL: {first_line(str(exc))}",
+            hint="check KBPG_DATABASE_URL, or unset it to use the embedded server",
+        ) from exc
+    register_types(conn)
+    return conn
+
+
+def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> ConnectionPool:
+    """A connection pool whose connections have pgvector types registered."""
+    pool = ConnectionPool(
+        url,
+        min_size=min_size,
+        max_size=max_size,
+        kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
+        configure=register_types,
+        open=False,
+    )
+    try:
+        pool.open(wait=True, timeout=CONNECT_TIMEOUT_S * 2)
+    except Exception as exc:
+        pool.close()
+        raise DatabaseUnavailable(
+            f"cannot connect to PostgreSQL: {first_line(str(exc))}",
+            hint="check KBPG_DATABASE_URL, or unset it to use the embedded server",
+        ) from exc
+    return pool
+
+
+@contextlib.contextmanager
+def translate_errors() -> Iterator[None]:
+    """Turn psycopg errors raised inside the block into KbpgError subclasses."""
+    try:
+        yield
+    except psycopg.Error as exc:
+        raise from_psycopg(exc) from exc
+
+
+# -- migrations ------------------------------------------------------------------------------
+
+
+def sqlalchemy_url(url: str) -> str:
+    """The SQLAlchemy spelling of a libpq URL (driver psycopg 3)."""
+    for prefix in ("postgresql+psycopg://", "postgresql://", "postgres://"):
+        if url.startswith(prefix):
+            return "postgresql+psycopg://" + url[len(prefix) :]
+    raise KbpgError(f"not a PostgreSQL URL: {url!r}", hint="use postgresql://user@host/db")
+
+
+def alembic_config(connection: Any = None) -> Any:
+    from alembic.config import Config
+
+    config = Config()
+    config.set_main_option("script_location", str(migrations_dir()))
+    config.set_main_option("version_table", VERSION_TABLE)
+    if connection is not None:
+        config.attributes["connection"] = connection
+    return config
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+
+    head = ScriptDirectory.from_config(alembic_config()).get_current_head()
+    assert head is not None
+    return head
+
+
+@dataclass(frozen=True)
+class SchemaStatus:
+    current: str | None
+    head: str
+
+    @property
+    def at_head(self) -> bool:
+        return self.current == self.head
+
+
+def schema_status(conn: psycopg.Connection[Any]) -> SchemaStatus:
+    """Which alembic revision the database is at, read from kbpg's own version table."""
+    with translate_errors():
+        exists = conn.execute("select pg_catalog.to_regclass(%s)", (VERSION_TABLE,)).fetchone()
+        current = None
+        if exists and exists[0] is not None:
+            row = conn.execute(f"select version_num from {VERSION_TABLE}").fetchone()
+            current = row[0] if row else None
+    return SchemaStatus(current=current, head=head_revision())
+
+
+def require_schema(conn: psycopg.Connection[Any]) -> None:
+    """Raise SchemaNotMigrated unless the database is at kbpg's head revision."""
+    status = schema_status(conn)
+    if status.current is None:
+        raise SchemaNotMigrated(
+            "this database has no kbpg schema", hint="run `kbpg db upgrade`"
+        )
+    if not status.at_head:
+        raise SchemaNotMigrated(
+            f"kbpg schema is at {status.current}, this kbpg needs {status.head}",
+            hint="run `kbpg db upgrade`",
+        )
+
+
+def _run_alembic(url: str, action: str, revision: str) -> None:
+    from alembic import command
+    from sqlalchemy import create_engine
+    from sqlalchemy.pool import NullPool
+
+    engine = create_engine(sqlalchemy_url(url), poolclass=NullPool)
+    try:
+        with engine.begin() as connection:
+            config = alembic_config(connection)
+            if action == "upgrade":
+                command.upgrade(config, revision)
+            else:
+                command.downgrade(config, revision)
+    except Exception as exc:
+        orig = getattr(exc, "orig", None)
+        if isinstance(orig, psycopg.Error):
+            raise from_psycopg(orig) from exc
+        if isinstance(exc, psycopg.Error):
+            raise from_psycopg(exc) from exc
+        if type(exc).__module__.startswith("alembic"):
+            raise KbpgError(f"migration failed: {exc}") from exc
+        if type(exc).__module__.startswith("sqlalchemy"):
+            raise DatabaseUnavailable(
+                f"cannot connect to PostgreSQL: {first_line(str(exc))}",
+                hint="check KBPG_DATABASE_URL",
+            ) from exc
+        raise
+    finally:
+        engine.dispose()
+
+
+def upgrade(url: str, revision: str = "head") -> None:
+    """Alembic upgrade; at head the sql/ function files are re-applied in the same transaction."""
+    _run_alembic(url, "upgrade", revision)
+
+
+def downgrade(url: str, revision: str) -> None:
+    _run_alembic(url, "downgrade", revision)
+
+
+def apply_sql_functions(connection: Any) -> None:
+    """Run every sql/NNN-*.sql file on a SQLAlchemy connection (CREATE OR REPLACE, idempotent)."""
+    raw = connection.execution_options(no_parameters=True)
+    for path in sql_files():
+        raw.exec_driver_sql(path.read_text())

