@@ -1,0 +1,240 @@
+"""The `kbpg` command line: stdout carries data, stderr carries errors and progress."""
+
+from __future__ import annotations
+
+import functools
+import os
+import shutil
+import signal
+import sys
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+from kbpg import __version__
+from kbpg.config import Settings
+from kbpg.errors import KbpgError
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AppContext:
+    """Per-invocation state shared by subcommands (settings are read once)."""
+
+    def __init__(self, debug: bool) -> None:
+        self.debug = debug
+        self._settings: Settings | None = None
+        self._url: str | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    @property
+    def url(self) -> str:
+        """The database URL; starts the embedded server when KBPG_DATABASE_URL is unset."""
+        if self._url is None:
+            from kbpg.db import resolve_url
+
+            self._url = resolve_url(self.settings)
+        return self._url
+
+
+def handle_errors(func: F) -> F:
+    """Turn KbpgError into `Error: ...` plus a hint on stderr, exit 1; no traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        debug = isinstance(ctx.obj, AppContext) and ctx.obj.debug
+        try:
+            return func(*args, **kwargs)
+        except KbpgError as exc:
+            if debug:
+                raise
+            click.echo(f"Error: {exc.message}", err=True)
+            if exc.hint:
+                click.echo(f"Hint: {exc.hint}", err=True)
+            ctx.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+def _sigterm_to_exit(signum: int, frame: Any) -> None:
+    # A SIGTERM runs finally blocks and closes connections instead of dying mid-write.
+    raise SystemExit(128 + signum)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="kbpg")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.pass_context
+def main(ctx: click.Context, debug: bool) -> None:
+    """kbpg: knowledge-base retrieval inside PostgreSQL (pgvector + BM25 + graph, fused by RRF).
+
+    With KBPG_DATABASE_URL unset, kbpg runs its own embedded PostgreSQL in KBPG_HOME.
+    """
+    os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+    signal.signal(signal.SIGTERM, _sigterm_to_exit)
+    ctx.obj = AppContext(debug=debug)
+
+
+pass_app = click.make_pass_decorator(AppContext)
+
+
+# -- kbpg db ----------------------------------------------------------------------------------
+
+
+@main.group()
+def db() -> None:
+    """Manage the database: embedded server, URL, migrations."""
+
+
+def _embedded_server(app: AppContext) -> Any:
+    from kbpg.server import EmbeddedServer
+
+    if app.settings.database_url:
+        raise KbpgError(
+            "KBPG_DATABASE_URL is set: kbpg uses that database, not its embedded server",
+            hint="unset KBPG_DATABASE_URL to manage the embedded server",
+        )
+    return EmbeddedServer(app.settings.home)
+
+
+@db.command("start")
+@pass_app
+@handle_errors
+def db_start(app: AppContext) -> None:
+    """Start the embedded PostgreSQL server (it keeps running until `kbpg db stop`)."""
+    server = _embedded_server(app)
+    url = server.start()
+    click.echo(f"embedded PostgreSQL running in {server.pgdata}", err=True)
+    click.echo(url)
+
+
+@db.command("stop")
+@pass_app
+@handle_errors
+def db_stop(app: AppContext) -> None:
+    """Stop the embedded PostgreSQL server."""
+    server = _embedded_server(app)
+    stopped = server.stop()
+    click.echo("stopped" if stopped else "not running")
+
+
+@db.command("status")
+@pass_app
+@handle_errors
+def db_status(app: AppContext) -> None:
+    """Show which database kbpg uses, whether it is up, and its schema revision."""
+    from kbpg import db as kdb
+
+    settings = app.settings
+    if settings.database_url:
+        click.echo("database: external (KBPG_DATABASE_URL)")
+        url = settings.database_url
+    else:
+        status = _embedded_server(app).status()
+        click.echo(f"database: embedded, data in {status.pgdata}")
+        click.echo(f"server: {status.note}" + (f" (pid {status.pid})" if status.pid else ""))
+        if not status.running:
+            return
+        assert status.url is not None
+        url = status.url
+    with kdb.connect(url) as conn:
+        version = conn.execute("show server_version").fetchone()
+        vector = conn.execute(
+            "select extversion from pg_catalog.pg_extension where extname = 'vector'"
+        ).fetchone()
+        schema = kdb.schema_status(conn)
+    click.echo(f"postgresql: {version[0] if version else '?'}")
+    click.echo(f"pgvector: {vector[0] if vector else 'not installed'}")
+    current = schema.current or "none"
+    state = "at head" if schema.at_head else "run `kbpg db upgrade`"
+    click.echo(f"schema: {current} (head {schema.head}, {state})")
+
+
+@db.command("url")
+@pass_app
+@handle_errors
+def db_url(app: AppContext) -> None:
+    """Print the connection URL, so that `psql "$(kbpg db url)"` works."""
+    click.echo(app.url)
+
+
+@db.command("psql", context_settings={"ignore_unknown_options": True})
+@click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
+@pass_app
+@handle_errors
+def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
+    """Open psql on kbpg's database (extra arguments go to psql)."""
+    from kbpg.server import _binaries_dir
+
+    psql = shutil.which("psql")
+    if psql is None and not app.settings.database_url:
+        psql = str(_binaries_dir() / "psql")
+    if psql is None:
+        raise KbpgError("psql is not installed", hint="install the PostgreSQL client")
+    url = app.url
+    sys.stdout.flush()
+    os.execv(psql, [psql, url, *psql_args])
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@pass_app
+@handle_errors
+def db_upgrade(app: AppContext, revision: str) -> None:
+    """Migrate to REVISION (default head) and re-apply the sql/ function files at head."""
+    from kbpg import db as kdb
+
+    kdb.upgrade(app.url, revision)
+    with kdb.connect(app.url) as conn:
+        status = kdb.schema_status(conn)
+    click.echo(f"schema at {status.current}" + (" (head)" if status.at_head else ""))
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@pass_app
+@handle_errors
+def db_downgrade(app: AppContext, revision: str) -> None:
+    """Migrate down to REVISION (`base` removes the kb schema and all its data)."""
+    from kbpg import db as kdb
+
+    kdb.downgrade(app.url, revision)
+    with kdb.connect(app.url) as conn:
+        status = kdb.schema_status(conn)
+    click.echo(f"schema at {status.current or 'base'}")
+
+
+@db.command("current")
+@pass_app
+@handle_errors
+def db_current(app: AppContext) -> None:
+    """Print the schema revision of the database (`none` when unmigrated)."""
+    from kbpg import db as kdb
+
+    with kdb.connect(app.url) as conn:
+        status = kdb.schema_status(conn)
+    click.echo(status.current or "none")
+
+
+@db.command("check")
+@pass_app
+@handle_errors
+def db_check(app: AppContext) -> None:
+    """Exit 0 when the schema is at head, 1 (with a hint) otherwise."""
+    from kbpg import db as kdb
+
+    with kdb.connect(app.url) as conn:
+        kdb.require_schema(conn)
+        status = kdb.schema_status(conn)
+    click.echo(f"schema at head ({status.head})")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()
