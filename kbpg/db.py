@@ -164,9 +164,7 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
     """Raise SchemaNotMigrated unless the database is at kbpg's head revision."""
     status = schema_status(conn)
     if status.current is None:
-        raise SchemaNotMigrated(
-            "this database has no kbpg schema", hint="run `kbpg db upgrade`"
-        )
+        raise SchemaNotMigrated("this database has no kbpg schema", hint="run `kbpg db upgrade`")
     if not status.at_head:
         raise SchemaNotMigrated(
             f"kbpg schema is at {status.current}, this kbpg needs {status.head}",

@@ -65,9 +65,7 @@ def from_psycopg(exc: psycopg.Error) -> KbpgError:
     if state.startswith("08") or state in {"57P01", "57P02", "57P03", "53300"}:
         return DatabaseUnavailable(f"database unavailable: {message}", hint=hint)
     if state in _UNDEFINED_OBJECT_STATES and ("kb." in message or '"kb"' in message):
-        return SchemaNotMigrated(
-            f"kbpg schema missing: {message}", hint="run `kbpg db upgrade`"
-        )
+        return SchemaNotMigrated(f"kbpg schema missing: {message}", hint="run `kbpg db upgrade`")
     if state == "22023" and "embedding space" in message:
         return EmbeddingSpaceMismatch(message, hint=hint)
     if state.startswith("22") or state in {"42704", "23514"}:

@@ -168,6 +168,8 @@ class EmbeddedServer:
                 return self.url()
             if info is not None:
                 self._clear_stale(info[0])
+            elif (self.pgdata / "postmaster.pid").exists():
+                self._clear_unreadable_pid_file()
             fresh = not (self.pgdata / "PG_VERSION").exists()
             if fresh:
                 self._initdb()
@@ -320,6 +322,15 @@ class EmbeddedServer:
             time.sleep(0.05)
         with contextlib.suppress(FileNotFoundError):
             (self.pgdata / "postmaster.pid").unlink()
+
+    def _clear_unreadable_pid_file(self) -> None:
+        if _orphaned_backends(self.pgdata):
+            raise ServerError(
+                f"{self.pgdata / 'postmaster.pid'} is unreadable while PostgreSQL processes "
+                "still run on this data directory",
+                hint="stop them (pg_ctl stop -D ...) and retry",
+            )
+        (self.pgdata / "postmaster.pid").unlink(missing_ok=True)
 
     def _ensure_database(self) -> None:
         import psycopg

@@ -1,0 +1,131 @@
+"""The embedded PostgreSQL server and its known pitfalls."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from kbpg.config import default_home
+from kbpg.server import EmbeddedServer
+from tests.helpers import clean_env, run_kbpg
+
+
+@pytest.fixture
+def home() -> Iterator[Path]:
+    path = Path(tempfile.mkdtemp(prefix="kbpg-srv-", dir="/tmp"))
+    path.chmod(0o755)
+    yield path
+    EmbeddedServer(path).stop()
+    shutil.rmtree(path, ignore_errors=True)
+
+
+def test_start_is_idempotent_and_serves_pgvector(home: Path) -> None:
+    server = EmbeddedServer(home)
+    url = server.start()
+    assert server.start() == url
+    with psycopg.connect(url) as conn:
+        conn.execute("create extension if not exists vector")
+        assert conn.execute("select '[1,2]'::vector <=> '[2,4]'::vector").fetchone()[0] == 0
+
+
+def test_owner_killed_leaves_a_usable_server(home: Path) -> None:
+    """SIGKILL the process that started the server: the next status still answers."""
+    code = (
+        "import sys, time; from pathlib import Path; from kbpg.server import EmbeddedServer;"
+        f"EmbeddedServer(Path({str(home)!r})).start(); print('up', flush=True); time.sleep(60)"
+    )
+    owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None and owner.stdout.readline().strip() == "up"
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    result = run_kbpg("db", "status", env=clean_env(KBPG_HOME=str(home)), timeout=30)
+    assert result.returncode == 0
+    assert "server: running" in result.stdout
+
+
+def test_killed_postmaster_is_cleaned_up_and_restartable(home: Path) -> None:
+    server = EmbeddedServer(home)
+    url = server.start()
+    with psycopg.connect(url) as conn:
+        conn.execute("select 1")
+    pid = server.status().pid
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    env = clean_env(KBPG_HOME=str(home))
+    status = run_kbpg("db", "status", env=env, timeout=30)
+    assert status.returncode == 0
+    assert f"cleaned up after dead server pid {pid}" in status.stdout
+    start = run_kbpg("db", "start", env=env, timeout=90)
+    assert start.returncode == 0, start.stderr
+    with psycopg.connect(start.stdout.strip()) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_garbage_pid_file_does_not_block_start(home: Path) -> None:
+    server = EmbeddedServer(home)
+    server.start()
+    server.stop()
+    (server.pgdata / "postmaster.pid").write_text("not a pid file\n")
+    url = server.start()
+    with psycopg.connect(url) as conn:
+        assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_long_data_dir_moves_the_socket(home: Path) -> None:
+    deep = home / ("d" * 60) / ("e" * 60)
+    deep.mkdir(parents=True)
+    for path in (deep, deep.parent):
+        path.chmod(0o755)
+    server = EmbeddedServer(deep)
+    try:
+        url = server.start()
+        assert "host=%2Ftmp%2Fkbpg-" in url
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+    finally:
+        server.stop()
+
+
+def test_import_raises_no_warning_without_xdg_runtime_dir() -> None:
+    env = clean_env()
+    env.pop("XDG_RUNTIME_DIR", None)
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-W",
+            "error",
+            "-c",
+            "import kbpg.cli, kbpg.server, kbpg.db; kbpg.server._binaries_dir()",
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr
+
+
+def test_root_never_keeps_data_under_root_home() -> None:
+    home = default_home()
+    if os.geteuid() == 0:
+        assert home == Path("/var/lib/kbpg")
+    else:
+        assert str(home).startswith(str(Path.home()))
