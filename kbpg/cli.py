@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 import click
 
 from kbpg import __version__
-from kbpg.config import Settings
+from kbpg.config import CLI_DEFAULT_TOP, Settings
 from kbpg.errors import KbpgError
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -329,6 +329,118 @@ def eval_command(
         for arm, run in report.runs.items():
             ev.write_trec_run(save_runs / f"{arm}.run", run, tag=f"kbpg-{arm}")
     click.echo(json.dumps(report.to_json()) if as_json else ev.format_table(report))
+
+
+# -- kbpg search / serve ----------------------------------------------------------------------
+
+
+def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from kbpg.search import validate_query
+
+    try:
+        return validate_query(value)
+    except KbpgError as exc:
+        raise click.BadParameter(exc.message, ctx=ctx, param=param) from None
+
+
+@main.command()
+@click.argument("query", callback=_searchable_query)
+@click.option(
+    "--top",
+    "-k",
+    type=click.IntRange(1, 1000),
+    default=CLI_DEFAULT_TOP,
+    show_default=True,
+    help="Number of chunks to return.",
+)
+@click.option("--group", "groups", multiple=True, help="Only documents in group G (repeatable).")
+@click.option("--category", help="Only documents of category C.")
+@click.option("--label", "labels", multiple=True, help="Only chunks labelled L (repeatable).")
+@click.option(
+    "--min-similarity",
+    type=click.FloatRange(-1.0, 1.0),
+    help="Similarity floor of the vector arm.  [default: 0.30, set in SQL]",
+)
+@click.option("--graph", is_flag=True, help="Add the graph arm (edges from the vector hits).")
+@click.option(
+    "--lexical/--no-lexical",
+    default=None,
+    help="Run the BM25 arm.  [env var: KBPG_HYBRID_LEXICAL_ENABLED; default: on]",
+)
+@click.option("--explain", is_flag=True, help="Per-arm ranks and timings on stderr.")
+@click.option("--json", "as_json", is_flag=True, help="Print {context, sources, chunks} as JSON.")
+@click.option("--context", "context_only", is_flag=True, help="Print only the context block.")
+@pass_app
+@handle_errors
+def search(
+    app: AppContext,
+    query: str,
+    top: int,
+    groups: tuple[str, ...],
+    category: str | None,
+    labels: tuple[str, ...],
+    min_similarity: float | None,
+    graph: bool,
+    lexical: bool | None,
+    explain: bool,
+    as_json: bool,
+    context_only: bool,
+) -> None:
+    """Search the knowledge base for QUERY (TOON rows by default).
+
+    The query is plain text (websearch syntax for the BM25 arm); it is never run as SQL.
+    Database: KBPG_DATABASE_URL; model: KBPG_EMBEDDER.
+    """
+    if as_json and context_only:
+        raise click.UsageError("--json and --context cannot be used together")
+    from kbpg import output
+    from kbpg.search import Retriever
+
+    with Retriever.from_env(app.settings, pool_size=1) as retriever:
+        result = retriever.search(
+            query,
+            top=top,
+            groups=groups,
+            category=category,
+            labels=labels,
+            min_similarity=min_similarity,
+            graph=graph,
+            lexical=lexical,
+        )
+    for notice in result.notices:
+        click.echo(f"Notice: {notice}", err=True)
+    if as_json:
+        click.echo(output.render_json(result))
+    elif context_only:
+        click.echo(result.context, nl=False)
+    else:
+        click.echo(output.render_toon(result))
+    if explain:
+        click.echo(output.render_explain(result), err=True)
+
+
+@main.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port."
+)
+@click.option(
+    "--pool-size",
+    type=click.IntRange(2, 100),
+    default=8,
+    show_default=True,
+    help="Database connections shared by the request threads.",
+)
+@pass_app
+@handle_errors
+def serve(app: AppContext, host: str, port: int, pool_size: int) -> None:
+    """Serve the HTTP API: POST /api/v1/kb/search, GET /healthz, /docs.
+
+    A bearer token in KBPG_API_TOKEN guards every route but /healthz.
+    """
+    from kbpg.http import serve as run_server
+
+    run_server(app.settings, host=host, port=port, pool_size=pool_size)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,242 @@
+"""The HTTP API (`kbpg serve`): POST /api/v1/kb/search, GET /healthz, OpenAPI, bearer token."""
+
+from __future__ import annotations
+
+import hmac
+import json
+from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from kbpg.config import Settings
+from kbpg.errors import (
+    DatabaseUnavailable,
+    EmbeddingSpaceMismatch,
+    InvalidInput,
+    KbpgError,
+    SchemaNotMigrated,
+)
+from kbpg.search import Chunk, Retriever, Source, validate_query
+
+MAX_BODY_BYTES = 64 * 1024
+HEALTH_PATH = "/healthz"
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class SearchRequest(BaseModel):
+    """A search: the query and optional filters; omitted fields take kbpg's defaults."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    query: str = Field(min_length=1, description="The question; plain text, never SQL.")
+    top: int | None = Field(
+        default=None, ge=1, le=1000, description="Chunks to return (KBPG_DEFAULT_MAX_CHUNKS)."
+    )
+    groups: list[str] | None = Field(default=None, description="Only these groups (any of).")
+    category: str | None = Field(default=None, description="Only this category.")
+    labels: list[str] | None = Field(default=None, description="Only chunks with these labels.")
+    min_similarity: float | None = Field(
+        default=None, ge=-1.0, le=1.0, description="Vector-arm similarity floor (0.30)."
+    )
+    graph: bool = Field(default=False, description="Also expand hits over the edge graph.")
+    lexical: bool | None = Field(
+        default=None, description="Run the BM25 arm (KBPG_HYBRID_LEXICAL_ENABLED)."
+    )
+
+    @field_validator("query")
+    @classmethod
+    def _searchable(cls, value: str) -> str:
+        try:
+            return validate_query(value)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+
+
+class SearchResponse(BaseModel):
+    """The LLM-ready context block, its sources, and the ranked chunks (as `kbpg search --json`)."""
+
+    context: str
+    sources: list[Source]
+    chunks: list[Chunk]
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    message: str
+    hint: str | None = None
+
+
+_STATUS: list[tuple[type[KbpgError], int]] = [
+    (InvalidInput, 422),
+    (EmbeddingSpaceMismatch, 409),
+    (DatabaseUnavailable, 503),
+    (SchemaNotMigrated, 503),
+]
+
+
+def _error_response(exc: KbpgError) -> JSONResponse:
+    status = next((code for kind, code in _STATUS if isinstance(exc, kind)), 500)
+    body = ErrorResponse(error=type(exc).__name__, message=exc.message, hint=exc.hint)
+    return JSONResponse(body.model_dump(), status_code=status)
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any], **headers: str) -> None:
+    payload = json.dumps(body).encode()
+    raw_headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", b"%d" % len(payload)),
+    ]
+    raw_headers += [(k.lower().encode(), v.encode()) for k, v in headers.items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw_headers})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class GuardMiddleware:
+    """Bearer token on every route but health, then a request body size limit (413)."""
+
+    def __init__(self, app: ASGIApp, token: str | None, max_body_bytes: int) -> None:
+        self.app = app
+        self.token = token.encode() if token else None
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope["headers"])
+        if self.token is not None and scope["path"] != HEALTH_PATH:
+            supplied = headers.get(b"authorization", b"")
+            scheme, _, credential = supplied.partition(b" ")
+            if scheme.lower() != b"bearer" or not hmac.compare_digest(
+                credential.strip(), self.token
+            ):
+                await _send_json(
+                    send,
+                    401,
+                    {"error": "Unauthorized", "message": "a valid bearer token is required"},
+                    **{"www-authenticate": "Bearer"},
+                )
+                return
+        declared = headers.get(b"content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self.max_body_bytes:
+            await self._too_large(send)
+            return
+        # Read the body here (it is small by construction) so that a chunked upload without a
+        # Content-Length is held to the same limit, then replay it to the app.
+        body = bytearray()
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                await self.app(scope, _replay([message]), send)
+                return
+            body += message.get("body", b"")
+            more = message.get("more_body", False)
+            if len(body) > self.max_body_bytes:
+                await self._too_large(send)
+                return
+        replayed: Message = {"type": "http.request", "body": bytes(body), "more_body": False}
+        await self.app(scope, _replay([replayed], then=receive), send)
+
+    async def _too_large(self, send: Send) -> None:
+        await _send_json(
+            send,
+            413,
+            {
+                "error": "PayloadTooLarge",
+                "message": f"request body over {self.max_body_bytes} bytes",
+            },
+        )
+
+
+def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
+    pending = list(messages)
+
+    async def receive() -> Message:
+        if pending:
+            return pending.pop(0)
+        if then is not None:
+            return await then()
+        return {"type": "http.disconnect"}
+
+    return receive
+
+
+def create_app(
+    retriever: Retriever, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+) -> FastAPI:
+    """The FastAPI app over one Retriever (one model, one connection pool)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            retriever.close()
+
+    app = FastAPI(
+        title="kbpg",
+        summary="Knowledge-base retrieval inside PostgreSQL (pgvector + BM25 + graph, RRF).",
+        lifespan=lifespan,
+    )
+
+    @app.exception_handler(KbpgError)
+    async def kbpg_error(request: Request, exc: KbpgError) -> JSONResponse:
+        return _error_response(exc)
+
+    @app.post(
+        "/api/v1/kb/search",
+        response_model=SearchResponse,
+        responses={
+            401: {"model": ErrorResponse},
+            409: {"model": ErrorResponse},
+            413: {"model": ErrorResponse},
+            503: {"model": ErrorResponse},
+        },
+    )
+    def search(request: SearchRequest) -> dict[str, Any]:
+        """Rank chunks for a query with kb.search; returns context, sources and chunks."""
+        # A sync endpoint: FastAPI runs it in its threadpool, so the CPU-bound embedding and
+        # the database wait never block the event loop.
+        result = retriever.search(
+            request.query,
+            top=request.top,
+            groups=request.groups,
+            category=request.category,
+            labels=request.labels,
+            min_similarity=request.min_similarity,
+            graph=request.graph,
+            lexical=request.lexical,
+        )
+        return result.to_json()
+
+    @app.get(HEALTH_PATH, responses={503: {"description": "not ready"}})
+    def healthz() -> JSONResponse:
+        """Database reachable, schema at head, model loaded (503 otherwise); no token needed."""
+        report = retriever.health()
+        return JSONResponse(report, status_code=200 if report["ok"] else 503)
+
+    app.add_middleware(GuardMiddleware, token=token, max_body_bytes=max_body_bytes)
+    return app
+
+
+def serve(settings: Settings, *, host: str, port: int, pool_size: int = 8) -> None:
+    """Load the model, open the pool, and run the API with uvicorn until interrupted."""
+    import uvicorn
+
+    retriever = Retriever.from_env(settings, pool_size=pool_size)
+    try:
+        retriever.warm_up()
+        app = create_app(retriever, token=settings.api_token)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+    finally:
+        retriever.close()
