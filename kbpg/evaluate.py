@@ -10,7 +10,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
@@ -27,6 +27,9 @@ DEFAULT_TOP_K = 10
 DEFAULT_DEPTH = 100
 HIT_K = DEFAULT_MAX_CHUNKS  # hit@8: does the API's default answer hold a relevant document?
 DATABASE_PREFIX = "kbpg_eval_"
+
+if TYPE_CHECKING:
+    from kbpg.embedding import Embedder
 
 Qrels = Mapping[str, Mapping[str, int]]
 Run = Mapping[str, Sequence[str]]
@@ -376,10 +379,84 @@ def parse_arms(spec: str | None) -> tuple[str, ...] | None:
     return arms
 
 
+@dataclass(frozen=True)
+class Collection:
+    """A dataset ingested into an evaluation database, its queries embedded: ready to query."""
+
+    url: str
+    dataset: Dataset
+    embeddings: Mapping[str, Any] = field(repr=False)
+    sources: Mapping[int, str] = field(repr=False)
+    has_edges: bool
+    timings: Mapping[str, float]
+
+    @property
+    def queries(self) -> dict[str, str]:
+        return {qid: self.dataset.queries[qid] for qid in self.dataset.query_ids}
+
+
+def ingest_collection(
+    eval_url: str, dataset: Dataset, embedder: Embedder, progress: Progress | None = None
+) -> Collection:
+    """Ingest the corpus (document source = corpus `_id`) and embed the judged queries."""
+    from kbpg.ingest import Document, ingest_documents
+
+    if progress:
+        progress(f"ingesting {len(dataset.corpus)} documents into {database_name(eval_url)}")
+    clock = time.perf_counter()
+    documents = [Document(source=d.id, title=d.title, text=d.text) for d in dataset.corpus]
+    ingest_documents(eval_url, documents, embedder)
+    ingest_s = time.perf_counter() - clock
+
+    clock = time.perf_counter()
+    query_ids = dataset.query_ids
+    # one batched call; MiniLM and the OpenAI provider embed queries like documents
+    vectors = embedder.embed_documents([dataset.queries[qid] for qid in query_ids])
+    embed_s = time.perf_counter() - clock
+    with kdb.connect(eval_url) as conn, kdb.translate_errors():
+        sources = {row[0]: row[1] for row in conn.execute("select id, source from kb.documents")}
+        edges = conn.execute("select exists (select 1 from kb.edges)").fetchone()
+    return Collection(
+        url=eval_url,
+        dataset=dataset,
+        embeddings=dict(zip(query_ids, vectors, strict=True)),
+        sources=sources,
+        has_edges=bool(edges and edges[0]),
+        timings={"ingest_s": ingest_s, "embed_queries_s": embed_s},
+    )
+
+
+def score_arms(
+    collection: Collection,
+    arms: Sequence[str] | None = None,
+    cutoffs: Cutoffs = Cutoffs(),
+    options: SearchOptions = SearchOptions(),
+    progress: Progress | None = None,
+) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[str]]], dict[str, float]]:
+    """Metrics, runs and search timings per arm; None = hybrid, vector, lexical (+graph
+    when the collection has edges)."""
+    chosen = tuple(arms) if arms else DEFAULT_ARMS + (("graph",) if collection.has_edges else ())
+    queries = collection.queries
+    metrics: dict[str, dict[str, float]] = {}
+    runs: dict[str, dict[str, list[str]]] = {}
+    timings: dict[str, float] = {}
+    with kdb.connect(collection.url) as conn:
+        for arm in chosen:
+            if progress:
+                progress(f"running {len(queries)} queries through the {arm} arm")
+            clock = time.perf_counter()
+            runs[arm] = run_arm(
+                conn, arm, queries, collection.embeddings, collection.sources, cutoffs, options
+            )
+            timings[f"search_{arm}_s"] = time.perf_counter() - clock
+            metrics[arm] = evaluate_run(collection.dataset.qrels, runs[arm], queries, cutoffs)
+    return metrics, runs, timings
+
+
 def evaluate(
     url: str,
     dataset: Dataset,
-    embedder: Any,
+    embedder: Embedder,
     *,
     arms: Sequence[str] | None = None,
     cutoffs: Cutoffs = Cutoffs(),
@@ -387,55 +464,22 @@ def evaluate(
     keep: bool = False,
     progress: Progress | None = None,
 ) -> EvalReport:
-    """Ingest `dataset` into a throwaway database on url's server, run the arms, score them.
-
-    `arms` None means hybrid, vector and lexical, plus graph when ingest created edges.
-    """
-    from kbpg.ingest import Document, ingest_documents
-
-    say = progress or (lambda message: None)
-    timings: dict[str, float] = {}
+    """`kbpg eval`: ingest `dataset` into a throwaway database on url's server, run the
+    arms, score them, drop the database unless `keep`."""
     started = time.perf_counter()
-    query_ids = dataset.query_ids
-    queries = {qid: dataset.queries[qid] for qid in query_ids}
     with throwaway_database(url, keep=keep) as eval_url:
-        database = database_name(eval_url)
-        say(f"evaluation database {database}; ingesting {len(dataset.corpus)} documents")
-        clock = time.perf_counter()
-        documents = [Document(source=d.id, title=d.title, text=d.text) for d in dataset.corpus]
-        ingest_documents(eval_url, documents, embedder)
-        timings["ingest_s"] = time.perf_counter() - clock
-
-        clock = time.perf_counter()
-        vectors = embedder.embed_documents([queries[qid] for qid in query_ids])
-        embeddings = dict(zip(query_ids, vectors, strict=True))
-        timings["embed_queries_s"] = time.perf_counter() - clock
-
-        metrics: dict[str, dict[str, float]] = {}
-        runs: dict[str, dict[str, list[str]]] = {}
-        with kdb.connect(eval_url) as conn, kdb.translate_errors():
-            sources = {
-                row[0]: row[1] for row in conn.execute("select id, source from kb.documents")
-            }
-            chosen = tuple(arms) if arms else DEFAULT_ARMS
-            if not arms and conn.execute("select exists (select 1 from kb.edges)").fetchone() == (
-                True,
-            ):
-                chosen += ("graph",)
-            for arm in chosen:
-                say(f"running {len(query_ids)} queries through the {arm} arm")
-                clock = time.perf_counter()
-                runs[arm] = run_arm(conn, arm, queries, embeddings, sources, cutoffs, options)
-                timings[f"search_{arm}_s"] = time.perf_counter() - clock
-                metrics[arm] = evaluate_run(dataset.qrels, runs[arm], query_ids, cutoffs)
-    timings["total_s"] = time.perf_counter() - started
+        if progress:
+            progress(f"evaluation database {database_name(eval_url)}")
+        collection = ingest_collection(eval_url, dataset, embedder, progress)
+        metrics, runs, search_timings = score_arms(collection, arms, cutoffs, options, progress)
+    timings = {**collection.timings, **search_timings, "total_s": time.perf_counter() - started}
     return EvalReport(
         dataset=dataset.name,
-        queries=len(query_ids),
+        queries=len(dataset.query_ids),
         metrics=metrics,
         runs=runs,
         timings={k: round(v, 3) for k, v in timings.items()},
-        database=database if keep else None,
+        database=database_name(eval_url) if keep else None,
     )
 
 

@@ -294,10 +294,10 @@ def test_eval_drops_database_on_interrupt(tiny_dataset: Path, db_url: str) -> No
     messages: list[str] = []
 
     class Interrupting:
-        model_name = inner.model_name
-        dimension = inner.dimension
-        embed_query = inner.embed_query
         calls = 0
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(inner, name)
 
         def embed_documents(self, texts: list[str]) -> Any:
             Interrupting.calls += 1
