@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import hashlib
+import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
 
 from kbpg import db as kdb
-from kbpg.embedding import Embedder
+from kbpg.config import Settings
+from kbpg.embedding import Embedder, get_embedder
+from tests.conftest import TEMPLATE_DB, create_database, drop_database
+from tests.helpers import clean_env
 
 
 @dataclass(frozen=True)
@@ -36,8 +44,34 @@ DOCS = [
                 "Visitor parking permits are day passes for guests of residents; buy up to "
                 "twenty a month in the permit portal.",
             ),
+            (
+                "Parking permits > Lost permits",
+                "Report a lost or stolen parking permit at the service desk; a replacement "
+                "permit costs 10 euros.",
+            ),
+            (
+                "Parking permits > Disabled parking",
+                "Blue badge holders may park free of charge in any resident parking zone.",
+            ),
         ],
         ["howto"],
+    ),
+    Doc(
+        "city/parking/fines.md",
+        "Parking fines",
+        "parking",
+        ["public"],
+        [
+            (
+                "Parking fines > Paying a fine",
+                "Pay a parking fine online within 14 days to get the reduced rate.",
+            ),
+            (
+                "Parking fines > Appeals",
+                "Appeal a parking fine in writing within 28 days; include photos and your "
+                "permit number if you hold a residential parking permit.",
+            ),
+        ],
     ),
     Doc(
         "city/waste/collection.md",
@@ -123,3 +157,57 @@ def load_kb(url: str, embedder: Embedder, docs: list[Doc] = DOCS) -> None:
                      vector),
                 )  # fmt: skip
         conn.commit()
+
+
+def env_for(url: str, home: Path, **extra: str) -> dict[str, str]:
+    """A clean environment for running `kbpg` against `url`."""
+    return clean_env(KBPG_DATABASE_URL=url, KBPG_HOME=str(home), **extra)
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    return get_embedder(Settings.from_env())
+
+
+@pytest.fixture(scope="module")
+def kb_url(admin_url: str, template_url: str, embedder: Embedder) -> Iterator[str]:
+    """A migrated database holding DOCS, shared by the tests of one module (read only)."""
+    name = f"kbpg_search_{uuid.uuid4().hex[:10]}"
+    url = create_database(admin_url, name, TEMPLATE_DB)
+    try:
+        load_kb(url, embedder)
+        yield url
+    finally:
+        drop_database(admin_url, name)
+
+
+@pytest.fixture(scope="module")
+def kb_env(kb_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    return env_for(kb_url, tmp_path_factory.mktemp("kbpg-home"))
+
+
+def set_foreign_space(url: str, model: str, dimension: int) -> None:
+    """Record another model's embedding space, as if the KB had been built with it."""
+    with kdb.connect(url) as conn:
+        conn.execute("select kb.set_embedding_space(%s, %s)", (model, dimension))
+        conn.commit()
+
+
+# Queries are data: none of these may error, inject, or reach SQL as anything but a value.
+HOSTILE_QUERIES = [
+    "renew permit'; drop table kb.chunks; --",
+    "parking \"permit\" 'renewal'",
+    "permit; select pg_sleep(10);",
+    "back\\slash \\\\ permit \\'",
+    "permit & renew | !fine",
+    "(permit) : * renew:* !!! && || ()",
+    '-permit -"renew" or OR or',
+    ":*",
+    "!",
+    "%s %(query)s {} $1",
+    "renew " * 2000,  # 12,000 characters
+    "x" * 10_000,
+    "図書館カードの更新",
+    "Как продлить разрешение на парковку",
+    "🅿️ parking 🚗 permit",
+]
