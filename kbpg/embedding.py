@@ -56,7 +56,8 @@ def l2_normalise(vectors: npt.NDArray[Any]) -> FloatArray:
     matrix = np.asarray(vectors, dtype=np.float32)
     norms = np.linalg.norm(matrix, axis=1, keepdims=True)
     norms[norms == 0] = 1.0
-    return (matrix / norms).astype(np.float32, copy=False)
+    result: FloatArray = (matrix / norms).astype(np.float32, copy=False)
+    return result
 
 
 def to_pgvector_literal(vector: npt.NDArray[Any]) -> str:
@@ -176,7 +177,8 @@ class MiniLMEmbedder(_WordPieceCounter):
         return out
 
     def embed_query(self, text: str) -> FloatArray:
-        return self.embed_documents([text])[0]
+        vector: FloatArray = self.embed_documents([text])[0]
+        return vector
 
 
 class OpenAIEmbedder(_WordPieceCounter):
@@ -300,7 +302,8 @@ class OpenAIEmbedder(_WordPieceCounter):
         return out
 
     def embed_query(self, text: str) -> FloatArray:
-        return self.embed_documents([text])[0]
+        vector: FloatArray = self.embed_documents([text])[0]
+        return vector
 
 
 EMBEDDERS = ("minilm", "openai")
