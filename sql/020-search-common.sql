@@ -1,0 +1,72 @@
+-- kbpg: what every retrieval arm shares — the chunk filters and argument checks.
+-- Filter semantics (the same on every arm):
+--   groups   — the chunk shares at least one group with the list (overlap, &&);
+--   category — the chunk's category equals it;
+--   labels   — the chunk carries every listed label (containment, @>).
+-- NULL or an empty list means "no filter" for that field.
+
+create or replace function kb.chunk_filter_sql(
+    chunk_alias text,
+    groups_param text,
+    category_param text,
+    labels_param text,
+    filter_groups text[],
+    filter_category text,
+    filter_labels text[]
+)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+return concat_ws(' and ', 'true',
+    case when coalesce(cardinality(filter_groups), 0) > 0
+         then format('%I.groups operator(pg_catalog.&&) %s', chunk_alias, groups_param) end,
+    case when filter_category is not null
+         then format('%I.category operator(pg_catalog.=) %s', chunk_alias, category_param) end,
+    case when coalesce(cardinality(filter_labels), 0) > 0
+         then format('%I.labels operator(pg_catalog.@>) %s', chunk_alias, labels_param) end);
+comment on function kb.chunk_filter_sql(text, text, text, text, text[], text, text[]) is
+    'The WHERE predicate (for EXECUTE ... USING) that applies the groups/category/labels '
+    'filters to a kb.chunks alias; only the filters actually given appear, so the planner '
+    'sees a plain indexable predicate.';
+
+create or replace function kb.chunk_matches_filters(
+    chunk_groups text[],
+    chunk_category text,
+    chunk_labels text[],
+    filter_groups text[],
+    filter_category text,
+    filter_labels text[]
+)
+returns boolean
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+return (coalesce(cardinality(filter_groups), 0) = 0 or chunk_groups && filter_groups)
+   and (filter_category is null or chunk_category = filter_category)
+   and (coalesce(cardinality(filter_labels), 0) = 0 or chunk_labels @> filter_labels);
+comment on function kb.chunk_matches_filters(text[], text, text[], text[], text, text[]) is
+    'Row-wise form of the chunk filters (groups overlap, category equality, all labels), '
+    'for the few rows an arm has already narrowed down.';
+
+create or replace function kb.check_match_count(match_count integer)
+returns void
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+begin
+    if match_count is null or match_count < 1 or match_count > 1000 then
+        raise exception 'match_count must be between 1 and 1000, got %', coalesce(match_count::text, 'NULL')
+            using errcode = '22023', hint = 'ask for 1 to 1000 results';
+    end if;
+end
+$$;
+comment on function kb.check_match_count(integer) is
+    'Raise SQLSTATE 22023 unless 1 <= match_count <= 1000.';

@@ -1,0 +1,81 @@
+-- kbpg: the vector arm — cosine top-k over kb.chunks.embedding.
+-- Filters are applied inside the HNSW scan with pgvector's iterative scan (relaxed order,
+-- re-sorted here), so a filter matching 1% of chunks still fills the top-k. When the filter
+-- keeps fewer chunks than ~sqrt(180·N) (the measured crossover), the exact path (filtered
+-- rows sorted by distance) is both faster and exact.
+
+create or replace function kb.search_vector(
+    query_embedding public.vector,
+    match_count integer default 8,
+    groups text[] default null,
+    category text default null,
+    labels text[] default null,
+    min_similarity double precision default 0.30
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    document_id bigint,
+    score double precision,
+    similarity double precision
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, kb, public
+-- the function's own values, restored on exit; ef_search is raised below to fit the pool
+set hnsw.iterative_scan = relaxed_order
+set hnsw.ef_search = 40
+set hnsw.max_scan_tuples = 20000
+as $$
+#variable_conflict use_column
+declare
+    filter_sql constant text := kb.chunk_filter_sql(
+        'c', '$1', '$2', '$3', search_vector.groups, search_vector.category, search_vector.labels);
+    distance_sql text := 'c.embedding operator(public.<=>) $4';
+    exact_limit bigint;
+    filtered_rows bigint;
+begin
+    perform kb.check_match_count(search_vector.match_count);
+    if search_vector.min_similarity is null
+       or search_vector.min_similarity not between -1 and 1 then
+        raise exception 'min_similarity must be between -1 and 1, got %',
+                coalesce(search_vector.min_similarity::text, 'NULL')
+            using errcode = '22023', hint = 'cosine similarity floors are in [-1, 1]; 0.30 is the default';
+    end if;
+    if search_vector.query_embedding is null then
+        return;
+    end if;
+    perform kb.check_query_embedding(search_vector.query_embedding);
+    -- without this a pool of 80 would come back as the default ef_search of 40 rows
+    perform pg_catalog.set_config('hnsw.ef_search',
+        least(1000, greatest(40, 2 * search_vector.match_count))::text, true);
+    perform pg_catalog.set_config('hnsw.max_scan_tuples',
+        greatest(20000, 50 * search_vector.match_count)::text, true);
+    if filter_sql <> 'true' then
+        select greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint
+          into exact_limit from kb.corpus_stats s;
+        execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c '
+                       'where %s and c.embedding is not null limit %s) s', filter_sql, exact_limit)
+           into filtered_rows
+          using search_vector.groups, search_vector.category, search_vector.labels;
+        if filtered_rows < exact_limit then
+            -- an expression the HNSW index cannot order by: the filtered rows are sorted exactly
+            distance_sql := '(' || distance_sql || ') operator(pg_catalog.+) 0';
+        end if;
+    end if;
+    return query execute format(
+        'select (pg_catalog.row_number() over (order by h.distance, h.id))::integer, '
+        '       h.id, h.document_id, 1 - h.distance, 1 - h.distance '
+        '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+        '         where %2$s and c.embedding is not null order by %1$s limit $5) h '
+        ' where 1 - h.distance >= $6 '
+        ' order by h.distance, h.id', distance_sql, filter_sql)
+    using search_vector.groups, search_vector.category, search_vector.labels,
+          search_vector.query_embedding, search_vector.match_count, search_vector.min_similarity;
+end
+$$;
+comment on function kb.search_vector(public.vector, integer, text[], text, text[], double precision) is
+    'Vector arm: top match_count chunks by cosine similarity (score = similarity = 1 - cosine '
+    'distance) at or above min_similarity, filters applied inside the HNSW scan (iterative '
+    'scan) or, for very selective filters, by an exact scan. NULL embedding: no rows.';

@@ -1,0 +1,372 @@
+-- kbpg: the lexical arm — Okapi BM25 over the chunk tsvector lexemes.
+--
+-- score(chunk) = sum over distinct query lexemes t in the chunk of
+--     idf(t) * tf / (tf + k1 * (1 - b + b * dl / avgdl)),   k1 = 1.2, b = 0.75,
+--     idf(t)   = ln(1 + (N - df + 0.5) / (df + 0.5))
+-- (the Lucene form bm25s computes; the (k1 + 1) numerator of the classic form only scales
+-- every score and changes no ranking). tf counts every occurrence of the lexeme in the chunk,
+-- section (weight A) and body (weight B) alike; dl = kb.chunks.token_count; N, df and avgdl
+-- come live from kb.corpus_stats / kb.lexeme_stats, exact after every insert and delete.
+-- Query syntax is websearch_to_tsquery('english', ...); terms are OR-ed (a long question still
+-- matches), "-term" excludes chunks containing that lexeme (a negated phrase excludes each of
+-- its words), quoted phrases count as their words.
+--
+-- Speed: chunks with few matches are scored exactly from the tsvector. Otherwise the impact
+-- cache kb.lexical_blocks (one sparsevec of tf parts per lexeme and block of 16,000 chunk
+-- ids) is summed with live idf by pgvector's C arithmetic, candidates above a threshold are
+-- read off binary_quantize(), and rescored exactly. Cached impacts were computed with an
+-- older avgdl A0; with r = avgdl / A0 any chunk's true score is <= max(1, r) * its cached
+-- score, so the search stops only when the k-th exact score beats that bound for every
+-- chunk left unread: results are exact whatever the cache's age. Chunks above the cache's
+-- watermark and chunks updated since (kb.lexical_pending) are scored exactly as well.
+-- kb.refresh_lexical_index() brings the cache up to date (ingest calls it after a batch).
+
+create or replace function kb.tsquery_lexemes(tsquery_text text)
+returns text[]
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+begin atomic
+    select coalesce(array_agg(distinct replace(replace(m[1], '''''', ''''), '\\', '\')), '{}')
+      from pg_catalog.regexp_matches(tsquery_text, '''((?:[^'']|'''')+)''', 'g') as m;
+end;
+comment on function kb.tsquery_lexemes(text) is
+    'The distinct lexemes quoted in the text form of a tsquery (or of querytree()).';
+
+create or replace function kb.lexemes_tsquery(lexemes text[])
+returns tsquery
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+begin atomic
+    select nullif(string_agg('''' || replace(replace(l, '\', '\\'), '''', '''''') || '''', ' | '),
+                  '')::pg_catalog.tsquery
+      from pg_catalog.unnest(lexemes) as l;
+end;
+comment on function kb.lexemes_tsquery(text[]) is
+    'The OR tsquery of the given lexemes (NULL for none): the GIN-indexable form of a query.';
+
+create or replace function kb.query_terms(query_text text, out terms text[], out excluded text[])
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+begin atomic
+    with q as (
+        select pg_catalog.websearch_to_tsquery('english'::pg_catalog.regconfig,
+                                               coalesce(query_text, '')) as full_query
+    ), t as (
+        select kb.tsquery_lexemes(pg_catalog.querytree(q.full_query)) as positive,
+               kb.tsquery_lexemes(q.full_query::text) as every
+          from q
+    )
+    select t.positive,
+           coalesce(array(select l from pg_catalog.unnest(t.every) as l
+                           where l <> all (t.positive) order by l), '{}')
+      from t;
+end;
+comment on function kb.query_terms(text) is
+    'The distinct lexemes a query scores with (terms, OR-ed) and the lexemes it excludes '
+    '("-word"), parsed with websearch_to_tsquery(''english'', ...).';
+
+create or replace function kb.bm25_rank(
+    terms text[],
+    idfs double precision[],
+    avgdl double precision,
+    excluded tsquery,
+    candidate_ids bigint[],
+    limit_count integer,
+    filter_groups text[] default null,
+    filter_category text default null,
+    filter_labels text[] default null
+)
+returns table (chunk_id bigint, document_id bigint, score double precision)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+declare
+    filter_sql constant text := kb.chunk_filter_sql(
+        'c', '$1', '$2', '$3', filter_groups, filter_category, filter_labels);
+    source_sql constant text := case when candidate_ids is null
+        then 'c.tsv operator(pg_catalog.@@) $8'
+        else 'c.id operator(pg_catalog.=) any ($9) and c.tsv operator(pg_catalog.@@) $8' end;
+begin
+    return query execute format(
+        'select c.id, c.document_id, s.score from kb.chunks c '
+        'cross join lateral ('
+        '    select pg_catalog.sum($5[pg_catalog.array_position($4, u.lexeme)] * u.tf '
+        '                          / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / $6))) as score '
+        '      from (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf '
+        '              from pg_catalog.unnest(c.tsv) as x '
+        '             where x.lexeme operator(pg_catalog.=) any ($4)) as u) as s '
+        'where %s and %s %s '
+        'order by s.score desc, c.id limit $10',
+        source_sql, filter_sql,
+        case when excluded is null then '' else 'and not c.tsv operator(pg_catalog.@@) $7' end)
+    using filter_groups, filter_category, filter_labels, terms, idfs, avgdl, excluded,
+          kb.lexemes_tsquery(terms), candidate_ids, limit_count;
+end
+$$;
+comment on function kb.bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[]) is
+    'Exact BM25 of chunks (all chunks matching any term when candidate_ids is NULL, else those '
+    'candidates), filtered, best limit_count first (ties by chunk id). Internal to the lexical arm.';
+
+create or replace function kb.search_lexical(
+    query_text text,
+    match_count integer default 8,
+    groups text[] default null,
+    category text default null,
+    labels text[] default null
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    document_id bigint,
+    score double precision
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+#variable_conflict use_column
+declare
+    qt record;
+    terms text[];
+    idfs double precision[];
+    df_total bigint;
+    n_chunks bigint;
+    avgdl double precision;
+    excluded tsquery;
+    state kb.lexical_state;
+    drift double precision;
+    exhaustive_limit bigint := coalesce(
+        nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint, 2000);
+    filter_sql constant text := kb.chunk_filter_sql(
+        'c', '$1', '$2', '$3', search_lexical.groups, search_lexical.category, search_lexical.labels);
+    filtered_rows bigint;
+    block_nos integer[];
+    block_scores public.vector[];
+    extra_ids bigint[];
+    candidate_ids bigint[];
+    theta double precision;
+    lo double precision;
+    hi double precision;
+    found_count bigint;
+    probe_count bigint;
+    need bigint;
+    iterations integer;
+    ranked_ids bigint[];
+    ranked_docs bigint[];
+    ranked_scores double precision[];
+begin
+    perform kb.check_match_count(search_lexical.match_count);
+    select * into qt from kb.query_terms(search_lexical.query_text);
+    select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
+      into n_chunks, avgdl from kb.corpus_stats s;
+    select array_agg(l.lexeme order by l.lexeme),
+           array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5) / (l.doc_freq + 0.5))
+                     order by l.lexeme),
+           sum(l.doc_freq)
+      into terms, idfs, df_total
+      from kb.lexeme_stats l
+     where l.lexeme = any (qt.terms) and l.doc_freq > 0;
+    if terms is null then
+        return;
+    end if;
+    excluded := kb.lexemes_tsquery(qt.excluded);
+    select * into state from kb.lexical_state;
+
+    -- exact scoring straight from the tsvector when it reads few rows
+    if state.watermark = 0 or df_total <= exhaustive_limit then
+        return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
+                            b.chunk_id, b.document_id, b.score
+                       from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
+                                         search_lexical.groups, search_lexical.category,
+                                         search_lexical.labels) b;
+        return;
+    end if;
+    if filter_sql <> 'true' then
+        execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
+                       filter_sql, exhaustive_limit)
+           into filtered_rows
+          using search_lexical.groups, search_lexical.category, search_lexical.labels;
+        if filtered_rows < exhaustive_limit then
+            return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
+                                b.chunk_id, b.document_id, b.score
+                           from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
+                                             search_lexical.groups, search_lexical.category,
+                                             search_lexical.labels) b;
+            return;
+        end if;
+    end if;
+
+    -- chunks the cache does not cover (new since the watermark, or updated): always candidates
+    select coalesce(array_agg(c.id), '{}') into extra_ids
+      from kb.chunks c
+     where c.id > state.watermark and c.tsv @@ kb.lexemes_tsquery(terms);
+    select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
+      from kb.lexical_pending p;
+
+    -- cached scores per block: sum over terms of impacts * idf, in pgvector's C arithmetic
+    select coalesce(array_agg(x.block_no order by x.block_no), '{}'),
+           coalesce(array_agg(x.scores order by x.block_no), '{}')
+      into block_nos, block_scores
+      from (select b.block_no, sum(b.impacts::public.vector operator(public.*) t.idf_vector) as scores
+              from (select u.lexeme,
+                           pg_catalog.array_fill(u.idf::real, array[state.block_size])::public.vector
+                               as idf_vector
+                      from unnest(terms, idfs) as u(lexeme, idf)) t
+              join kb.lexical_blocks b on b.lexeme = t.lexeme
+             group by b.block_no) x;
+
+    drift := greatest(1.0, avgdl / state.avgdl);
+    need := search_lexical.match_count + 8;
+    hi := (select sum(i) from pg_catalog.unnest(idfs) as i) * 1.001;  -- every impact is < 1
+    loop
+        -- a threshold theta leaving between need and 3 * need cached candidates above it
+        -- (bisection keeps count(lo) >= need; theta = 0 takes every cached match)
+        lo := 0;
+        iterations := 0;
+        select coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
+          into found_count
+          from pg_catalog.unnest(block_scores) as s,
+               (select pg_catalog.array_fill(0::real, array[state.block_size])::public.vector as v) z;
+        while found_count > 3 * need and iterations < 40 loop
+            iterations := iterations + 1;
+            theta := (lo + hi) / 2;
+            select coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
+              into probe_count
+              from pg_catalog.unnest(block_scores) as s,
+                   (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z;
+            if probe_count < need then
+                hi := theta;
+            else
+                lo := theta;
+                found_count := probe_count;
+            end if;
+        end loop;
+        theta := lo;
+
+        select coalesce(array_agg(x.bno::bigint * state.block_size + p - 1), '{}')
+          into candidate_ids
+          from unnest(block_nos, block_scores) as x(bno, s)
+          cross join lateral pg_catalog.unnest(pg_catalog.array_positions(
+              pg_catalog.string_to_array(public.binary_quantize(
+                  x.s operator(public.-)
+                  pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector)::text,
+                  null), '1')) as p;
+
+        select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
+               array_agg(b.document_id order by b.score desc, b.chunk_id),
+               array_agg(b.score order by b.score desc, b.chunk_id)
+          into ranked_ids, ranked_docs, ranked_scores
+          from kb.bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
+                            search_lexical.match_count, search_lexical.groups,
+                            search_lexical.category, search_lexical.labels) b;
+
+        -- exact once the k-th score beats every chunk left below theta (float32 slack)
+        exit when theta = 0
+               or (coalesce(cardinality(ranked_ids), 0) >= search_lexical.match_count
+                   and ranked_scores[search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
+        need := need * 4;
+        hi := theta;
+        if need > 4 * exhaustive_limit + search_lexical.match_count then
+            -- filters or deletions hide too many cached candidates: score exhaustively
+            return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
+                                b.chunk_id, b.document_id, b.score
+                           from kb.bm25_rank(terms, idfs, avgdl, excluded, null,
+                                             search_lexical.match_count, search_lexical.groups,
+                                             search_lexical.category, search_lexical.labels) b;
+            return;
+        end if;
+    end loop;
+
+    return query select u.ord::integer, u.id, u.doc, u.sc
+                   from unnest(ranked_ids, ranked_docs, ranked_scores)
+                        with ordinality as u(id, doc, sc, ord);
+end
+$$;
+comment on function kb.search_lexical(text, integer, text[], text, text[]) is
+    'Lexical arm: exact Okapi BM25 (k1 1.2, b 0.75) top match_count chunks for a '
+    'websearch_to_tsquery(''english'') query with OR semantics, filters applied; fast on '
+    'frequent terms through the kb.lexical_blocks impact cache, exact whatever its age.';
+
+create or replace function kb.refresh_lexical_index(full_rebuild boolean default false)
+returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, avgdl double precision)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+#variable_conflict use_column
+declare
+    state kb.lexical_state;
+    n_chunks bigint;
+    live_avgdl double precision;
+    use_avgdl double precision;
+    max_id bigint;
+    rebuild integer[];
+    b integer;
+begin
+    -- writers wait while the cache is rebuilt, so the new watermark covers every visible chunk
+    lock table kb.chunks in share mode;
+    lock table kb.lexical_state in exclusive mode;
+    select * into state from kb.lexical_state;
+    select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
+      into n_chunks, live_avgdl from kb.corpus_stats s;
+    select coalesce(max(c.id), 0) into max_id from kb.chunks c;
+    live_avgdl := greatest(live_avgdl, 1e-9);
+
+    if full_rebuild or state.watermark = 0
+       or pg_catalog.abs(live_avgdl / state.avgdl - 1) > 0.05 then
+        -- impacts drift with the average length: past 5% rebuild them all with the live one
+        delete from kb.lexical_blocks;
+        use_avgdl := live_avgdl;
+        select coalesce(array_agg(g order by g), '{}') into rebuild
+          from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
+    else
+        use_avgdl := state.avgdl;
+        select coalesce(array_agg(distinct g order by g), '{}') into rebuild
+          from (select d.block_no as g from kb.lexical_dirty_blocks d
+                union all
+                select pg_catalog.generate_series((state.watermark / state.block_size)::integer,
+                                                  (max_id / state.block_size)::integer)
+                 where max_id > state.watermark) x;
+    end if;
+
+    foreach b in array rebuild loop
+        delete from kb.lexical_blocks lb where lb.block_no = b;
+        insert into kb.lexical_blocks (lexeme, block_no, impacts)
+        select u.lexeme, b,
+               ('{' || string_agg((c.id - b::bigint * state.block_size + 1)::text || ':'
+                                  || (u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
+                                  ',' order by c.id)
+                || '}/' || state.block_size)::public.sparsevec
+          from kb.chunks c
+          cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
+                                from pg_catalog.unnest(c.tsv) as x) u
+         where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size
+         group by u.lexeme;
+    end loop;
+
+    update kb.lexical_state s
+       set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now();
+    delete from kb.lexical_pending;
+    delete from kb.lexical_dirty_blocks;
+    return query select coalesce(cardinality(rebuild), 0), n_chunks, max_id, use_avgdl;
+end
+$$;
+comment on function kb.refresh_lexical_index(boolean) is
+    'Bring the BM25 impact cache (kb.lexical_blocks) up to date: rebuilds the blocks holding '
+    'new, updated or deleted chunks, or every block when asked or when the average chunk '
+    'length drifted over 5%. Search is exact without it; this keeps it fast. Call after ingest.';

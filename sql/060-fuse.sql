@@ -1,0 +1,111 @@
+-- kbpg: fusion — weighted Reciprocal Rank Fusion and the per-document cap.
+
+create or replace function kb.fuse_rrf(
+    vector_ids bigint[],
+    lexical_ids bigint[],
+    graph_ids bigint[] default '{}',
+    rrf_k integer default 60,
+    vector_weight double precision default 1,
+    lexical_weight double precision default 1,
+    graph_weight double precision default 1
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    score double precision,
+    vector_rank integer,
+    lexical_rank integer,
+    graph_rank integer
+)
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+#variable_conflict use_column
+begin
+    if fuse_rrf.rrf_k is null or fuse_rrf.rrf_k < 0 then
+        raise exception 'rrf_k must be >= 0, got %', coalesce(fuse_rrf.rrf_k::text, 'NULL')
+            using errcode = '22023', hint = 'the usual constant is 60';
+    end if;
+    if fuse_rrf.vector_weight is null or fuse_rrf.vector_weight < 0
+       or fuse_rrf.lexical_weight is null or fuse_rrf.lexical_weight < 0
+       or fuse_rrf.graph_weight is null or fuse_rrf.graph_weight < 0 then
+        raise exception 'fusion weights must be >= 0 (vector %, lexical %, graph %)',
+                fuse_rrf.vector_weight, fuse_rrf.lexical_weight, fuse_rrf.graph_weight
+            using errcode = '22023', hint = 'use weight 0 to silence an arm';
+    end if;
+    return query
+    with hits as (
+        select u.id, 'v' as arm, u.ord from pg_catalog.unnest(fuse_rrf.vector_ids) with ordinality u(id, ord)
+        union all
+        select u.id, 'l', u.ord from pg_catalog.unnest(fuse_rrf.lexical_ids) with ordinality u(id, ord)
+        union all
+        select u.id, 'g', u.ord from pg_catalog.unnest(fuse_rrf.graph_ids) with ordinality u(id, ord)
+    ), per_chunk as (
+        -- ranks count from 1 in each list; a chunk listed twice by one arm keeps its best rank
+        select h.id,
+               (min(h.ord) filter (where h.arm = 'v'))::integer as vr,
+               (min(h.ord) filter (where h.arm = 'l'))::integer as lr,
+               (min(h.ord) filter (where h.arm = 'g'))::integer as gr
+          from hits h where h.id is not null group by h.id
+    ), scored as (
+        select p.*,
+               coalesce(fuse_rrf.vector_weight / (fuse_rrf.rrf_k + p.vr), 0)
+             + coalesce(fuse_rrf.lexical_weight / (fuse_rrf.rrf_k + p.lr), 0)
+             + coalesce(fuse_rrf.graph_weight / (fuse_rrf.rrf_k + p.gr), 0) as fused
+          from per_chunk p
+    )
+    select (pg_catalog.row_number() over w)::integer, s.id, s.fused, s.vr, s.lr, s.gr
+      from scored s
+    window w as (order by s.fused desc, s.vr nulls last, s.lr nulls last, s.gr nulls last, s.id)
+     order by s.fused desc, s.vr nulls last, s.lr nulls last, s.gr nulls last, s.id;
+end
+$$;
+comment on function kb.fuse_rrf(bigint[], bigint[], bigint[], integer, double precision, double precision, double precision) is
+    'Weighted Reciprocal Rank Fusion of ranked id lists (rank = position, from 1): score = '
+    'sum(weight / (rrf_k + rank)) over the arms that found the chunk; ties go to the better '
+    'vector rank, then lexical, then graph rank, then chunk id.';
+
+create or replace function kb.cap_per_document(
+    chunk_ids bigint[],
+    document_ids bigint[],
+    max_per_doc integer default 3
+)
+returns table (rank integer, chunk_id bigint, document_id bigint, input_rank integer)
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+#variable_conflict use_column
+begin
+    if cap_per_document.max_per_doc is not null and cap_per_document.max_per_doc < 1 then
+        raise exception 'max_per_doc must be >= 1 (or NULL for no cap), got %', cap_per_document.max_per_doc
+            using errcode = '22023', hint = 'the default keeps 3 chunks per document in front';
+    end if;
+    if coalesce(cardinality(cap_per_document.chunk_ids), 0)
+       <> coalesce(cardinality(cap_per_document.document_ids), 0) then
+        raise exception 'chunk_ids and document_ids differ in length (% vs %)',
+                cardinality(cap_per_document.chunk_ids), cardinality(cap_per_document.document_ids)
+            using errcode = '22023', hint = 'pass one document id per chunk id, in ranked order';
+    end if;
+    return query
+    with listed as (
+        select u.cid, u.did, u.ord::integer as ord,
+               pg_catalog.row_number() over (partition by u.did order by u.ord) as nth
+          from unnest(cap_per_document.chunk_ids, cap_per_document.document_ids)
+               with ordinality u(cid, did, ord)
+    )
+    select (pg_catalog.row_number() over (order by
+                (cap_per_document.max_per_doc is not null and l.nth > cap_per_document.max_per_doc), l.ord))::integer,
+           l.cid, l.did, l.ord
+      from listed l
+     order by (cap_per_document.max_per_doc is not null and l.nth > cap_per_document.max_per_doc), l.ord;
+end
+$$;
+comment on function kb.cap_per_document(bigint[], bigint[], integer) is
+    'Reorder a ranked list so no document has more than max_per_doc chunks in front: over-cap '
+    'chunks move to the tail in their original order, never dropped. NULL max_per_doc: no cap.';

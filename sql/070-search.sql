@@ -1,0 +1,143 @@
+-- kbpg: kb.search — the whole retrieval pipeline in one call, callable by hand from psql:
+--   SELECT * FROM kb.search('renew permit', match_count => 5);
+-- Arms: vector (when an embedding is given), lexical BM25 (on by default), graph (off by
+-- default; seeds are the vector hits, or the lexical hits when there is no embedding).
+-- Each arm fetches a pool of match_count * fetch_multiplier candidates (at most 1000) under
+-- the same filters; the lists are fused with weighted RRF, capped per document (over-cap
+-- chunks move to the tail), and the top match_count returned. With no lexical and no graph
+-- hits the vector order stands and score is the cosine similarity. A lexical arm that fails
+-- leaves the vector arm alone, with a NOTICE.
+
+create or replace function kb.search(
+    query_text text,
+    query_embedding public.vector default null,
+    match_count integer default 8,
+    groups text[] default null,
+    category text default null,
+    labels text[] default null,
+    min_similarity double precision default 0.30,
+    fetch_multiplier integer default 4,
+    max_per_doc integer default 3,
+    rrf_k integer default 60,
+    vector_weight double precision default 1,
+    lexical_weight double precision default 1,
+    graph_weight double precision default 1,
+    use_lexical boolean default true,
+    use_graph boolean default false,
+    graph_max_depth integer default 1,
+    graph_max_returned integer default 3,
+    graph_min_score double precision default 0.5
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    document_id bigint,
+    source text,
+    title text,
+    section text,
+    content text,
+    score double precision,
+    similarity double precision,
+    vector_rank integer,
+    lexical_rank integer,
+    graph_rank integer
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+#variable_conflict use_column
+declare
+    has_text constant boolean := search.query_text is not null and pg_catalog.btrim(search.query_text) <> '';
+    pool integer;
+    vector_ids bigint[] := '{}';
+    lexical_ids bigint[] := '{}';
+    graph_ids bigint[] := '{}';
+    fused_ids bigint[];
+    fused_docs bigint[];
+    vector_only boolean;
+begin
+    perform kb.check_match_count(search.match_count);
+    if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
+        raise exception 'fetch_multiplier must be between 1 and 100, got %',
+                coalesce(search.fetch_multiplier::text, 'NULL')
+            using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
+    end if;
+    if search.vector_weight is null or search.vector_weight < 0
+       or search.lexical_weight is null or search.lexical_weight < 0
+       or search.graph_weight is null or search.graph_weight < 0 then
+        raise exception 'fusion weights must be >= 0 (vector %, lexical %, graph %)',
+                search.vector_weight, search.lexical_weight, search.graph_weight
+            using errcode = '22023', hint = 'use weight 0 to silence an arm';
+    end if;
+    if search.rrf_k is null or search.rrf_k < 0 then
+        raise exception 'rrf_k must be >= 0, got %', coalesce(search.rrf_k::text, 'NULL')
+            using errcode = '22023', hint = 'the usual constant is 60';
+    end if;
+    if search.max_per_doc is not null and search.max_per_doc < 1 then
+        raise exception 'max_per_doc must be >= 1 (or NULL for no cap), got %', search.max_per_doc
+            using errcode = '22023', hint = 'the default keeps 3 chunks per document in front';
+    end if;
+    if not has_text and search.query_embedding is null then
+        raise exception 'nothing to search: the query text is empty and no embedding was given'
+            using errcode = '22023', hint = 'pass query text, a query embedding, or both';
+    end if;
+    perform kb.check_query_embedding(search.query_embedding);
+    pool := least(search.match_count * search.fetch_multiplier, 1000);
+
+    if search.query_embedding is not null then
+        select coalesce(array_agg(v.chunk_id order by v.rank), '{}') into vector_ids
+          from kb.search_vector(search.query_embedding, pool, search.groups, search.category,
+                                search.labels, search.min_similarity) v;
+    end if;
+
+    if search.use_lexical and has_text then
+        begin
+            select coalesce(array_agg(l.chunk_id order by l.rank), '{}') into lexical_ids
+              from kb.search_lexical(search.query_text, pool, search.groups, search.category,
+                                     search.labels) l;
+        exception when others then
+            -- fail-soft: a broken lexical arm must not take the vector arm down with it
+            raise notice 'kbpg: lexical arm failed (SQLSTATE %: %); ranking without it', sqlstate, sqlerrm;
+            lexical_ids := '{}';
+        end;
+    end if;
+
+    if search.use_graph then
+        select coalesce(array_agg(g.chunk_id order by g.rank), '{}') into graph_ids
+          from kb.expand_graph(case when cardinality(vector_ids) > 0 then vector_ids else lexical_ids end,
+                               search.graph_max_depth, search.graph_max_returned,
+                               search.graph_min_score, search.groups, search.category,
+                               search.labels) g;
+    end if;
+
+    vector_only := cardinality(lexical_ids) = 0 and cardinality(graph_ids) = 0;
+    select array_agg(f.chunk_id order by f.rank), array_agg(c.document_id order by f.rank)
+      into fused_ids, fused_docs
+      from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, search.vector_weight,
+                       search.lexical_weight, search.graph_weight) f
+      join kb.chunks c on c.id = f.chunk_id;
+    if fused_ids is null then
+        return;
+    end if;
+
+    return query
+    select p.rank, c.id, c.document_id, d.source, d.title, c.section, c.content,
+           case when vector_only then 1 - (c.embedding operator(public.<=>) search.query_embedding)
+                else f.score end,
+           1 - (c.embedding operator(public.<=>) search.query_embedding),
+           f.vector_rank, f.lexical_rank, f.graph_rank
+      from kb.cap_per_document(fused_ids, fused_docs, search.max_per_doc) p
+      join kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, search.vector_weight,
+                       search.lexical_weight, search.graph_weight) f on f.chunk_id = p.chunk_id
+      join kb.chunks c on c.id = p.chunk_id
+      join kb.documents d on d.id = c.document_id
+     where p.rank <= search.match_count
+     order by p.rank;
+end
+$$;
+comment on function kb.search(text, public.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision) is
+    'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
+    '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. NULL '
+    'embedding: lexical (+ graph) only. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';
