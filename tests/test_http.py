@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import socket
 import subprocess
 import time
@@ -13,12 +14,15 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import KBPG
+from kbpg.embedding import Embedder
+from tests.conftest import drop_database
+from tests.helpers import KBPG, run_kbpg
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
     embedder,
     env_for,
     kb_url,
+    load_kb,
 )
 
 TOKEN = "s3cret-token"
@@ -109,13 +113,9 @@ def test_search(api: httpx.Client) -> None:
 
 
 def test_search_matches_the_cli_json(api: httpx.Client, kb_url: str, tmp_path: Path) -> None:  # noqa: F811
-    from tests.helpers import run_kbpg
-
     query = "renew parking permit"
     proc = run_kbpg("search", query, "--top", "4", "--json", env=env_for(kb_url, tmp_path))
     assert proc.returncode == 0, proc.stderr
-    import json
-
     assert search(api, query=query, top=4).json() == json.loads(proc.stdout)
 
 
@@ -230,16 +230,13 @@ def test_binds_loopback_by_default(api: httpx.Client) -> None:
 
 
 def test_database_gone_is_503(
-    new_database: Callable[..., str], admin_url: str, tmp_path: Path
+    new_database: Callable[..., str],
+    admin_url: str,
+    embedder: Embedder,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
-    from tests.conftest import drop_database
-    from tests.search_kb import load_kb
-
     url = new_database()
-    from kbpg.config import Settings
-    from kbpg.embedding import get_embedder
-
-    load_kb(url, get_embedder(Settings.from_env()))
+    load_kb(url, embedder)
     with running_server(env_for(url, tmp_path), tmp_path / "serve.log") as client:
         assert client.post(SEARCH, json={"query": "permit"}).status_code == 200
         drop_database(admin_url, url.rsplit("/", 1)[1].split("?")[0])
