@@ -443,5 +443,235 @@ def serve(app: AppContext, host: str, port: int, pool_size: int) -> None:
     run_server(app.settings, host=host, port=port, pool_size=pool_size)
 
 
+# -- kbpg ingest / documents / stats / reembed / embed ------------------------------------------
+
+_EMBEDDER_OPTION = click.option(
+    "--embedder",
+    "embedder_name",
+    metavar="NAME",
+    default=None,
+    help="Embedding provider: minilm (offline, default) or openai [env: KBPG_EMBEDDER].",
+)
+
+
+class _ProgressLine:
+    """Progress on stderr: one rewritten line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.written = False
+
+    def __call__(self, event: Any) -> None:
+        import time
+
+        for failure in event.failures:
+            self._clear()
+            click.echo(f"skipped {failure.where}: {failure.reason}", err=True)
+        now = time.monotonic()
+        if now - self.last < (0.2 if self.tty else 5.0):
+            return
+        self.last = now
+        line = (
+            f"{self.label}: {event.documents} documents, {event.chunks} chunks, "
+            f"{event.chunks_per_s:.0f} chunks/s"
+        )
+        if self.tty:
+            click.echo("\r" + line + "\x1b[K", nl=False, err=True)
+            self.written = True
+        else:
+            click.echo(line, err=True)
+
+    def _clear(self) -> None:
+        if self.tty and self.written:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            self.written = False
+
+
+def _summary_line(summary: Any) -> str:
+    return (
+        f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
+        f"removed {summary.removed}, failed {summary.failed}; {summary.chunks} chunks, "
+        f"{summary.edges} edges in {summary.total_s:.1f} s ({summary.chunks_per_s:.0f} chunks/s; "
+        f"embedding {summary.embed_s:.1f} s, database {summary.database_s:.1f} s)"
+    )
+
+
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--group", "groups", multiple=True, metavar="G", help="Add group G (repeatable).")
+@click.option("--category", metavar="C", help="Category for documents that name none.")
+@click.option("--label", "labels", multiple=True, metavar="L", help="Add label L (repeatable).")
+@click.option("-r", "--recursive", is_flag=True, help="Descend into subdirectories.")
+@click.option("--glob", metavar="PATTERN", help="Only files matching PATTERN (e.g. '*.md').")
+@click.option("--prune", is_flag=True, help="Remove documents whose files under PATHS are gone.")
+@_EMBEDDER_OPTION
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@pass_app
+@handle_errors
+def ingest(
+    app: AppContext,
+    paths: tuple[Path, ...],
+    groups: tuple[str, ...],
+    category: str | None,
+    labels: tuple[str, ...],
+    recursive: bool,
+    glob: str | None,
+    prune: bool,
+    embedder_name: str | None,
+    as_json: bool,
+) -> None:
+    """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
+
+    Re-ingesting is idempotent: unchanged documents are skipped, changed ones replaced
+    atomically. Markdown front matter may set title, category, groups and labels. Exit code 1
+    when any file failed (the others are ingested).
+    """
+    import json
+
+    from kbpg.embedding import get_embedder
+    from kbpg.ingest import ingest_paths
+
+    embedder = get_embedder(app.settings, embedder_name)
+    summary = ingest_paths(
+        app.url,
+        list(paths),
+        embedder,
+        recursive=recursive,
+        glob=glob,
+        groups=groups,
+        category=category,
+        labels=labels,
+        prune=prune,
+        progress=_ProgressLine("ingest"),
+    )
+    if sys.stderr.isatty():
+        click.echo("\r\x1b[K", nl=False, err=True)
+    click.echo(_summary_line(summary), err=True)
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), indent=2))
+    if summary.failed:
+        click.get_current_context().exit(1)
+
+
+@main.group()
+def documents() -> None:
+    """List and delete ingested documents."""
+
+
+@documents.command("list")
+@click.option("--group", metavar="G", help="Only documents in group G.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (`[]` when empty).")
+@pass_app
+@handle_errors
+def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
+    """List documents: source, title, category, groups, chunk count (tab-separated)."""
+    import json
+
+    from kbpg.ingest import list_documents
+
+    docs = list_documents(app.url, group=group)
+    if as_json:
+        click.echo(json.dumps([d.as_dict() for d in docs], indent=2))
+        return
+    if docs:
+        click.echo("source\ttitle\tcategory\tgroups\tchunks")
+    for d in docs:
+        click.echo(f"{d.source}\t{d.title}\t{d.category or ''}\t{','.join(d.groups)}\t{d.chunks}")
+
+
+@documents.command("delete")
+@click.argument("sources", nargs=-1, required=True)
+@pass_app
+@handle_errors
+def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
+    """Delete documents (their chunks and edges) by SOURCE; a file path may be relative."""
+    from kbpg.ingest import delete_documents
+
+    deleted, missing = delete_documents(app.url, list(sources))
+    for source in deleted:
+        click.echo(f"deleted {source}")
+    if missing:
+        raise KbpgError(
+            f"no such document: {', '.join(missing)}",
+            hint="`kbpg documents list` shows the sources",
+        )
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@pass_app
+@handle_errors
+def stats(app: AppContext, as_json: bool) -> None:
+    """Documents, chunks, edges, embedding space, BM25 statistics and index sizes."""
+    import json
+
+    from kbpg.ingest import stats as kb_stats
+
+    data = kb_stats(app.url)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    space = data["embedding_space"]
+    edges = data["edges"]
+    click.echo(f"documents: {data['documents']}")
+    click.echo(f"chunks: {data['chunks']} ({data['chunks_without_embedding']} without embedding)")
+    edge_text = ", ".join(f"{k} {v}" for k, v in edges.items()) or "none"
+    click.echo(f"edges: {sum(edges.values())} ({edge_text})")
+    click.echo(
+        "embedding space: " + (f"{space['model']} ({space['dimension']}-d)" if space else "not set")
+    )
+    bm25 = data["bm25"]
+    click.echo(
+        f"bm25: {bm25['chunks']} chunks, average length {bm25['average_length']}, "
+        f"{bm25['lexemes']} lexemes"
+    )
+    for kind in ("tables", "indexes"):
+        click.echo(f"{kind}:")
+        for name, size in data[kind].items():
+            click.echo(f"  {name}: {_human_bytes(size)}")
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+@main.command()
+@_EMBEDDER_OPTION
+@pass_app
+@handle_errors
+def reembed(app: AppContext, embedder_name: str | None) -> None:
+    """Rebuild every vector with another embedding model (one transaction: all or nothing)."""
+    from kbpg.embedding import get_embedder
+    from kbpg.ingest import reembed as run_reembed
+
+    embedder = get_embedder(app.settings, embedder_name)
+    summary = run_reembed(app.url, embedder, progress=_ProgressLine("reembed"))
+    click.echo(
+        f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
+        f"({embedder.dimension}-d) in {summary.total_s:.1f} s",
+        err=True,
+    )
+
+
+@main.command()
+@click.argument("text")
+@_EMBEDDER_OPTION
+@pass_app
+@handle_errors
+def embed(app: AppContext, text: str, embedder_name: str | None) -> None:
+    """Print TEXT's query vector as a pgvector literal, for psql: \\set q `kbpg embed '...'`"""
+    from kbpg.embedding import get_embedder, to_pgvector_literal
+
+    embedder = get_embedder(app.settings, embedder_name)
+    click.echo(to_pgvector_literal(embedder.embed_query(text)))
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -194,9 +194,10 @@ def extract_entities(text: str) -> set[str]:
         found.add(match.group())
     for match in _NAME.finditer(text):
         words = match.group().split()
-        while words and words[0].lower() in _NAME_STOP:
+        # sentence-initial "The", "When", ... are not part of a name; "IT" in "IT Service" is
+        while words and words[0].lower() in _NAME_STOP and not words[0].isupper():
             words.pop(0)
-        while words and words[-1].lower() in _NAME_STOP:
+        while words and words[-1].lower() in _NAME_STOP and not words[-1].isupper():
             words.pop()
         if len(words) >= 2:
             found.add(" ".join(words).lower())
@@ -230,6 +231,7 @@ class _Prepared:
     digest: str
     chunks: list[Chunk]
     existing_id: int | None = None
+    is_new: bool = True
     links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
     entities: list[tuple[int, str]] = field(default_factory=list)  # ordinal, entity
 
@@ -460,6 +462,7 @@ class _Run:
                 self.fail(LoadFailure(document.source, "no text to index"))
                 continue
             item.existing_id = old[0] if old is not None else None
+            item.is_new = old is None
             prepared.append(item)
         t2 = time.perf_counter()
         vectors = self.embedder.embed_documents(
@@ -474,7 +477,7 @@ class _Run:
         self.summary.embed_s += t3 - t2
         self.summary.database_s += (t1 - t0) + (t4 - t3)
         for item in prepared:
-            if item.existing_id is None:
+            if item.is_new:
                 self.summary.added += 1
             else:
                 self.summary.updated += 1
@@ -483,8 +486,8 @@ class _Run:
 
     def _write(self, prepared: list[_Prepared], vectors: np.ndarray[Any, Any]) -> None:
         conn = self.conn
-        updated = [p for p in prepared if p.existing_id is not None]
-        new = [p for p in prepared if p.existing_id is None]
+        updated = [p for p in prepared if not p.is_new]
+        new = [p for p in prepared if p.is_new]
         if updated:
             # cascades to the chunks' edges, links and entities
             conn.execute(
