@@ -1,0 +1,64 @@
+"""Hand-built knowledge bases for the SQL retrieval tests (documents, chunks, edges)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import psycopg
+
+
+def vec(values: Sequence[float]) -> str:
+    """A pgvector literal."""
+    return "[" + ",".join(repr(float(v)) for v in values) + "]"
+
+
+def add_doc(
+    conn: psycopg.Connection[Any],
+    source: str,
+    *,
+    groups: Sequence[str] = (),
+    category: str | None = None,
+    labels: Sequence[str] = (),
+) -> int:
+    row = conn.execute(
+        "insert into kb.documents (source, title, category, groups, labels, content_hash)"
+        " values (%s, %s, %s, %s, %s, 'h') returning id",
+        (source, source.upper(), category, list(groups), list(labels)),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def add_chunk(
+    conn: psycopg.Connection[Any],
+    doc: int,
+    content: str,
+    embedding: Sequence[float] | None = None,
+    *,
+    section: str = "",
+) -> int:
+    """A chunk carrying its document's filter columns, as ingest writes it."""
+    row = conn.execute(
+        "insert into kb.chunks (document_id, ordinal, section, content, groups, category, labels,"
+        " embedding)"
+        " select d.id, (select count(*) from kb.chunks c where c.document_id = d.id), %s, %s,"
+        " d.groups, d.category, d.labels, %s::vector from kb.documents d where d.id = %s"
+        " returning id",
+        (section, content, None if embedding is None else vec(embedding), doc),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def add_edge(
+    conn: psycopg.Connection[Any], src: int, dst: int, weight: float, relation: str = "link"
+) -> None:
+    conn.execute(
+        "insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight) values (%s, %s, %s, %s)",
+        (src, dst, relation, weight),
+    )
+
+
+def ids(rows: Sequence[Sequence[Any]], column: int = 1) -> list[int]:
+    return [int(r[column]) for r in rows]

@@ -1,0 +1,249 @@
+"""kb.search_lexical: exact Okapi BM25 over tsvector lexemes, on hand-built corpora."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.sqldata import add_chunk, add_doc, ids
+
+K1, B = 1.2, 0.75
+
+
+def bm25(tf: int, dl: int, avgdl: float, df: int, n: int) -> float:
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf / (tf + K1 * (1 - B + B * dl / avgdl))
+
+
+def lexical(conn: psycopg.Connection[Any], query: str, k: int = 10, **filters: Any) -> list[Any]:
+    args = ", ".join(f"{name} => %({name})s" for name in filters)
+    sql = "select rank, chunk_id, document_id, score from kb.search_lexical(%(q)s, %(k)s"
+    sql += (", " + args if args else "") + ")"
+    return conn.execute(sql, {"q": query, "k": k, **filters}).fetchall()
+
+
+def force_cache_path(conn: psycopg.Connection[Any], on: bool) -> None:
+    """0: every query goes through the impact cache; a huge limit: always exhaustive."""
+    conn.execute(
+        "select set_config('kb.lexical_exhaustive_limit', %s, true)", ("0" if on else "1000000000",)
+    )
+
+
+@pytest.fixture
+def fruit(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    doc1 = add_doc(conn, "fruit-1")
+    doc2 = add_doc(conn, "fruit-2")
+    return {
+        "c1": add_chunk(conn, doc1, "apple banana apple"),  # appl:2 banana:1, dl 3
+        "c2": add_chunk(conn, doc1, "banana cherry"),  # dl 2
+        "c3": add_chunk(conn, doc2, "cherry date elderberry fig"),  # dl 4
+        "c4": add_chunk(conn, doc2, "grape"),  # dl 1
+    }
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_bm25_scores_equal_hand_computation(conn, fruit, cached):
+    if cached:
+        conn.execute("select kb.refresh_lexical_index()")
+    force_cache_path(conn, cached)
+    n, avgdl = 4, 10 / 4
+    rows = lexical(conn, "apple cherry")
+    expected = sorted(
+        [
+            (fruit["c1"], bm25(2, 3, avgdl, 1, n)),
+            (fruit["c2"], bm25(1, 2, avgdl, 2, n)),
+            (fruit["c3"], bm25(1, 4, avgdl, 2, n)),
+        ],
+        key=lambda x: -x[1],
+    )
+    assert ids(rows) == [cid for cid, _ in expected]
+    assert [r[0] for r in rows] == [1, 2, 3]
+    for row, (_, score) in zip(rows, expected, strict=True):
+        assert row[3] == pytest.approx(score, abs=1e-9)
+
+
+def test_or_semantics_and_unknown_terms(conn, fruit):
+    # "kiwi" occurs nowhere and "the" is a stopword: the question still matches
+    rows = lexical(conn, "what is the best kiwi or grape")
+    assert ids(rows) == [fruit["c4"]]
+    assert rows[0][3] == pytest.approx(bm25(1, 1, 2.5, 1, 4), abs=1e-9)
+
+
+def test_negated_term_excludes(conn, fruit):
+    assert ids(lexical(conn, "banana")) == [fruit["c2"], fruit["c1"]]
+    assert ids(lexical(conn, "banana -cherry")) == [fruit["c1"]]
+
+
+def test_section_and_body_occurrences_both_count(conn):
+    doc = add_doc(conn, "sections")
+    titled = add_chunk(conn, doc, "apple pie", section="Apple")  # appl tf 2, dl 3
+    plain = add_chunk(conn, doc, "apple crumble pie")  # appl tf 1, dl 3
+    rows = lexical(conn, "apple")
+    assert ids(rows) == [titled, plain]
+    assert rows[0][3] == pytest.approx(bm25(2, 3, 3.0, 2, 2), abs=1e-9)
+
+
+def test_empty_and_stopword_queries_return_nothing(conn, fruit):
+    assert lexical(conn, "") == []
+    assert lexical(conn, "   ") == []
+    assert lexical(conn, "the and of") == []
+
+
+def test_filters_apply(conn):
+    public = add_doc(conn, "public", groups=["staff", "all"], category="faq", labels=["en"])
+    private = add_doc(conn, "private", groups=["hr"], category="policy", labels=["en", "internal"])
+    a = add_chunk(conn, public, "holiday allowance")
+    b = add_chunk(conn, private, "holiday holiday allowance")
+    assert ids(lexical(conn, "holiday")) == [b, a]
+    assert ids(lexical(conn, "holiday", groups=["all", "x"])) == [a]
+    assert ids(lexical(conn, "holiday", groups=["hr"])) == [b]
+    assert ids(lexical(conn, "holiday", groups=[])) == [b, a]
+    assert ids(lexical(conn, "holiday", category="faq")) == [a]
+    assert ids(lexical(conn, "holiday", labels=["en"])) == [b, a]
+    assert ids(lexical(conn, "holiday", labels=["en", "internal"])) == [b]
+    assert ids(lexical(conn, "holiday", groups=["staff"], category="policy")) == []
+
+
+# -- the impact cache must never change a result ----------------------------------------------
+
+SYLLABLES = ["ka", "lo", "mi", "ru", "te", "so", "van", "dre", "pul", "nix", "bor", "gel"]
+
+
+def zipf_vocabulary(size: int, rng: random.Random) -> list[str]:
+    words: set[str] = set()
+    while len(words) < size:
+        words.add("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))))
+    return sorted(words)
+
+
+def random_text(
+    vocab: list[str], weights: list[float], rng: random.Random, lo: int, hi: int
+) -> str:
+    return " ".join(rng.choices(vocab, weights=weights, k=rng.randint(lo, hi)))
+
+
+def reference_top(
+    conn: psycopg.Connection[Any], query: str, k: int, groups: list[str] | None = None
+) -> list[tuple[int, float]]:
+    """BM25 computed in Python from the stored tsvectors (no kbpg SQL involved)."""
+
+    def lexemes(tsquery_sql: str) -> set[str]:
+        sql = (
+            f"select distinct l from regexp_matches({tsquery_sql}, '''([^'']+)''', 'g') m(x),"
+            " unnest(m.x) l"
+        )
+        return {r[0] for r in conn.execute(sql, (query,))}
+
+    terms = lexemes("querytree(websearch_to_tsquery('english', %s))")
+    excluded = lexemes("websearch_to_tsquery('english', %s)::text") - terms
+    banned = {
+        r[0]
+        for r in conn.execute(
+            "select c.id from kb.chunks c, unnest(c.tsv) u where u.lexeme = any(%s)",
+            (sorted(excluded),),
+        )
+    }
+    chunk_rows = conn.execute(
+        "select c.id, c.groups, u.lexeme, array_length(u.positions, 1)"
+        " from kb.chunks c, unnest(c.tsv) u"
+    ).fetchall()
+    lengths: dict[int, int] = defaultdict(int)
+    tfs: dict[int, dict[str, int]] = defaultdict(dict)
+    chunk_groups: dict[int, list[str]] = {}
+    for cid, grp, lexeme, tf in chunk_rows:
+        lengths[cid] += tf
+        chunk_groups[cid] = grp
+        if lexeme in terms:
+            tfs[cid][lexeme] = tf
+    n = len(lengths)
+    avgdl = sum(lengths.values()) / n
+    df: dict[str, int] = defaultdict(int)
+    for per in tfs.values():
+        for lexeme in per:
+            df[lexeme] += 1
+    scores = [
+        (cid, sum(bm25(tf, lengths[cid], avgdl, df[t], n) for t, tf in per.items()))
+        for cid, per in tfs.items()
+        if cid not in banned and (groups is None or set(groups) & set(chunk_groups[cid]))
+    ]
+    scores.sort(key=lambda x: (-x[1], x[0]))
+    return scores[:k]
+
+
+def assert_matches_reference(
+    conn: psycopg.Connection[Any], queries: list[str], k: int = 10, **filters: Any
+) -> None:
+    for query in queries:
+        expected = reference_top(conn, query, k, filters.get("groups"))
+        for cached in (True, False):
+            force_cache_path(conn, cached)
+            rows = lexical(conn, query, k, **filters)
+            assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, cached)
+            for row, (_, score) in zip(rows, expected, strict=True):
+                assert row[3] == pytest.approx(score, abs=1e-9)
+
+
+def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
+    rng = random.Random(7)
+    vocab = zipf_vocabulary(400, rng)
+    weights = [1 / (r + 1) for r in range(len(vocab))]
+    docs = [add_doc(conn, f"z{i}", groups=["even" if i % 2 == 0 else "odd"]) for i in range(60)]
+    for i in range(1500):
+        add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 8, 40))
+    # several blocks, so the block arithmetic and id mapping are exercised
+    conn.execute("update kb.lexical_state set block_size = 400")
+    conn.execute("select kb.refresh_lexical_index()")
+    blocks = conn.execute("select count(distinct block_no) from kb.lexical_blocks").fetchone()
+    assert blocks is not None and blocks[0] >= 4
+    frequent, middle, rare = vocab[0], vocab[30], vocab[300]
+    queries = [
+        frequent,
+        f"{frequent} {vocab[1]}",
+        f"{frequent} {middle} {rare}",
+        f"{vocab[2]} {vocab[3]} {vocab[4]} {vocab[5]}",
+        f"{middle} -{frequent}",
+    ]
+    assert_matches_reference(conn, queries)
+    assert_matches_reference(conn, queries[:3], groups=["odd"])
+
+    # new chunks above the watermark, an updated chunk, deletions, and avgdl drifting > 5%
+    for i in range(200):
+        add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 60, 120))
+    victim = conn.execute("select min(id) + 5 from kb.chunks").fetchone()
+    assert victim is not None
+    conn.execute(
+        "update kb.chunks set content = %s where id = %s", (" ".join([rare] * 12), victim[0])
+    )
+    conn.execute("delete from kb.chunks where id % 7 = 0")
+    pending = conn.execute("select count(*) from kb.lexical_pending").fetchone()
+    assert pending == (1,)
+    assert_matches_reference(conn, [*queries, rare])
+    top = lexical(conn, rare, 1)
+    assert top[0][1] == victim[0]
+
+    conn.execute("select kb.refresh_lexical_index()")
+    assert conn.execute("select count(*) from kb.lexical_pending").fetchone() == (0,)
+    assert_matches_reference(conn, [*queries, rare])
+
+
+def test_refresh_is_incremental_below_drift(conn):
+    doc = add_doc(conn, "inc")
+    for i in range(30):
+        add_chunk(conn, doc, f"alpha beta gamma {i}")
+    conn.execute("update kb.lexical_state set block_size = 10")
+    full = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
+    assert full is not None and full[0] >= 3
+    add_chunk(conn, doc, "alpha beta gamma extra")
+    incremental = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
+    assert incremental is not None
+    assert incremental[0] in (1, 2)  # only the block(s) holding the new chunk
+    assert incremental[3] == full[3]  # impacts keep the avgdl they were computed with
+    rebuilt = conn.execute(
+        "select * from kb.refresh_lexical_index(full_rebuild => true)"
+    ).fetchone()
+    assert rebuilt is not None and rebuilt[0] >= 4
