@@ -507,6 +507,13 @@ def _summary_line(summary: Any) -> str:
 @click.option("--glob", metavar="PATTERN", help="Only files matching PATTERN (e.g. '*.md').")
 @click.option("--prune", is_flag=True, help="Remove documents whose files under PATHS are gone.")
 @_EMBEDDER_OPTION
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Documents per transaction (a kill loses at most one batch, never half a document).",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
 @pass_app
 @handle_errors
@@ -520,6 +527,7 @@ def ingest(
     glob: str | None,
     prune: bool,
     embedder_name: str | None,
+    batch_size: int,
     as_json: bool,
 ) -> None:
     """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
@@ -545,6 +553,7 @@ def ingest(
         labels=labels,
         prune=prune,
         progress=_ProgressLine("ingest"),
+        batch_documents=batch_size,
     )
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", nl=False, err=True)

@@ -391,7 +391,11 @@ class _Run:
         conn: psycopg.Connection[Any],
         embedder: Embedder,
         progress: ProgressCallback | None,
+        batch_documents: int = BATCH_DOCUMENTS,
     ) -> None:
+        if batch_documents < 1:
+            raise InvalidInput("the batch size must be at least 1 document")
+        self.batch_documents = batch_documents
         self.conn = conn
         self.embedder = embedder
         self.progress = progress
@@ -431,7 +435,7 @@ class _Run:
             self.seen.add(item.source)
             batch.append(item)
             chars += len(item.text)
-            if len(batch) >= BATCH_DOCUMENTS or chars >= BATCH_CHARS:
+            if len(batch) >= self.batch_documents or chars >= BATCH_CHARS:
                 self.write_batch(batch)
                 batch, chars = [], 0
         if batch:
@@ -619,6 +623,7 @@ def ingest_documents(
     *,
     prune: bool = False,
     progress: ProgressCallback | None = None,
+    batch_documents: int = BATCH_DOCUMENTS,
 ) -> IngestSummary:
     """Ingest documents keyed by source: new ones added, changed ones replaced, unchanged skipped.
 
@@ -628,7 +633,7 @@ def ingest_documents(
     """
     with _writer(url) as conn:
         _register_space(conn, embedder)
-        run = _Run(conn, embedder, progress)
+        run = _Run(conn, embedder, progress, batch_documents)
         run.run(documents)
         if prune:
             gone = [
@@ -697,6 +702,7 @@ def ingest_paths(
     labels: Sequence[str] = (),
     prune: bool = False,
     progress: ProgressCallback | None = None,
+    batch_documents: int = BATCH_DOCUMENTS,
 ) -> IngestSummary:
     """Ingest files and directories. With `prune`, documents whose files under these paths are
     gone are removed (JSONL records are keyed by their ids and never pruned by path)."""
@@ -716,7 +722,7 @@ def ingest_paths(
 
     with _writer(url) as conn:
         _register_space(conn, embedder)
-        run = _Run(conn, embedder, progress)
+        run = _Run(conn, embedder, progress, batch_documents)
         run.run(items())
         if prune:
             scopes = [str(r.resolve()) for r in roots if r.exists()]
