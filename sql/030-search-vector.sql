@@ -53,7 +53,9 @@ begin
     perform pg_catalog.set_config('hnsw.max_scan_tuples',
         greatest(20000, 50 * search_vector.match_count)::text, true);
     if filter_sql <> 'true' then
-        select greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint
+        -- kb.vector_exact_limit overrides the crossover (tests force either path with it)
+        select coalesce(nullif(pg_catalog.current_setting('kb.vector_exact_limit', true), '')::bigint,
+                        greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
           into exact_limit from kb.corpus_stats s;
         execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c '
                        'where %s and c.embedding is not null limit %s) s', filter_sql, exact_limit)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import psycopg
+import pytest
 
 
 def vec(values: Sequence[float]) -> str:
@@ -62,3 +64,11 @@ def add_edge(
 
 def ids(rows: Sequence[Sequence[Any]], column: int = 1) -> list[int]:
     return [int(r[column]) for r in rows]
+
+
+@contextlib.contextmanager
+def raises_sqlstate(conn: psycopg.Connection[Any], sqlstate: str) -> Iterator[Any]:
+    """Expect the block to fail with `sqlstate` (inside a savepoint, so the test goes on)."""
+    with pytest.raises(psycopg.Error) as info, conn.transaction():
+        yield info
+    assert info.value.sqlstate == sqlstate, info.value
