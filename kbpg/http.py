@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
 from contextlib import asynccontextmanager
 from typing import Any
@@ -21,6 +23,8 @@ from kbpg.errors import (
     SchemaNotMigrated,
 )
 from kbpg.search import Chunk, Retriever, Source, validate_query
+
+_log = logging.getLogger("uvicorn.error")
 
 MAX_BODY_BYTES = 64 * 1024
 HEALTH_PATH = "/healthz"
@@ -229,6 +233,17 @@ def create_app(
     return app
 
 
+def _loopback(host: str) -> str:
+    """The host as an IP address for the loopback check (names other than localhost: not loopback)."""
+    if host == "localhost":
+        return "127.0.0.1"
+    try:
+        ipaddress.ip_address(host)
+    except ValueError:
+        return "0.0.0.0"
+    return host
+
+
 def serve(settings: Settings, *, host: str, port: int, pool_size: int = 8) -> None:
     """Load the model, open the pool, and run the API with uvicorn until interrupted."""
     import uvicorn
@@ -236,6 +251,14 @@ def serve(settings: Settings, *, host: str, port: int, pool_size: int = 8) -> No
     retriever = Retriever.from_env(settings, pool_size=pool_size)
     try:
         retriever.warm_up()
+        report = retriever.health()
+        if not report["ok"]:
+            # Serve anyway: /healthz says 503 until the schema is migrated.
+            _log.warning("not ready: database %s, schema %s", report["database"], report["schema"])
+        if not settings.api_token and not ipaddress.ip_address(_loopback(host)).is_loopback:
+            _log.warning(
+                "serving on %s without KBPG_API_TOKEN: anyone who can reach it can search", host
+            )
         app = create_app(retriever, token=settings.api_token)
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     finally:
