@@ -157,6 +157,9 @@ def _pack(units: list[_Unit], budget: int, overlap: int) -> list[tuple[int, int]
         while k - 1 > i and carried + units[k - 1].tokens <= overlap:
             k -= 1
             carried += units[k].tokens
+        if k == j and j - 1 > i and units[j - 1].tokens <= budget // 2:
+            # a sentence longer than the overlap is still repeated whole: windows must overlap
+            k = j - 1
         i = k
     return windows
 

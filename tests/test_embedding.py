@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import subprocess
 import time
 
 import numpy as np
@@ -21,6 +20,7 @@ from kbpg.embedding import (
 )
 from kbpg.errors import ConfigError, EmbeddingError
 from tests.embedding_server import EmbeddingServer
+from tests.helpers import run_kbpg
 
 
 @pytest.fixture(scope="module")
@@ -94,9 +94,7 @@ def test_pgvector_literal_round_trips_through_postgres(conn, minilm: MiniLMEmbed
 
 
 def test_kbpg_embed_cli_prints_a_vector_literal(cli_env, db_url, minilm) -> None:
-    result = subprocess.run(
-        ["kbpg", "embed", "renew permit"], env=cli_env, capture_output=True, text=True, timeout=60
-    )
+    result = run_kbpg("embed", "renew permit", env=cli_env)
     assert result.returncode == 0, result.stderr
     literal = result.stdout.strip()
     with kdb.connect(db_url) as c:
@@ -169,13 +167,7 @@ def test_kbpg_embed_cli_server_down_exits_1_with_hint(cli_env) -> None:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = dict(cli_env, KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{port}/v1", KBPG_OPENAI_MODEL="m")
-    result = subprocess.run(
-        ["kbpg", "embed", "--embedder", "openai", "hello"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = run_kbpg("embed", "--embedder", "openai", "hello", env=env)
     assert result.returncode == 1
     assert result.stdout == ""
     assert "Error: embedding server" in result.stderr
