@@ -1,0 +1,88 @@
+"""kb.fuse_rrf and kb.cap_per_document: RRF arithmetic, weights, ties, the per-document cap."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.sqldata import raises_sqlstate
+
+
+def fuse(
+    conn: psycopg.Connection[Any], v: list[int], lx: list[int], g: list[int], **kw: Any
+) -> list[Any]:
+    args = "".join(f", {name} => %({name})s" for name in kw)
+    return conn.execute(
+        "select rank, chunk_id, score, vector_rank, lexical_rank, graph_rank"
+        f" from kb.fuse_rrf(%(v)s::bigint[], %(l)s::bigint[], %(g)s::bigint[]{args})",
+        {"v": v, "l": lx, "g": g, **kw},
+    ).fetchall()
+
+
+def test_rrf_sums_each_arm_contribution(conn):
+    rows = fuse(conn, [10, 20, 30], [30, 40], [50])
+    by_id = {r[1]: r for r in rows}
+    assert by_id[30][2] == pytest.approx(1 / 63 + 1 / 61, abs=1e-12)  # found by two arms
+    assert by_id[10][2] == pytest.approx(1 / 61, abs=1e-12)
+    assert by_id[40][2] == pytest.approx(1 / 62, abs=1e-12)
+    assert by_id[50][2] == pytest.approx(1 / 61, abs=1e-12)
+    assert (by_id[30][3], by_id[30][4], by_id[30][5]) == (3, 1, None)
+    # 10, 50 tie at 1/61: the vector hit first; 20 and 40 tie at 1/62: vector first again
+    assert [r[1] for r in rows] == [30, 10, 50, 20, 40]
+    assert [r[0] for r in rows] == [1, 2, 3, 4, 5]
+
+
+def test_weights_and_k(conn):
+    rows = fuse(conn, [1, 2], [2, 1], [], rrf_k=10, vector_weight=2.0, lexical_weight=0.5)
+    by_id = {r[1]: r[2] for r in rows}
+    assert by_id[1] == pytest.approx(2 / 11 + 0.5 / 12, abs=1e-12)
+    assert by_id[2] == pytest.approx(2 / 12 + 0.5 / 11, abs=1e-12)
+    assert [r[1] for r in rows] == [1, 2]
+    silenced = fuse(conn, [1, 2], [2, 1], [], vector_weight=0)
+    assert [r[1] for r in silenced] == [2, 1]
+
+
+def test_tie_goes_to_better_vector_rank(conn):
+    # 7: vector 2 + lexical 1; 8: vector 1 + lexical 2 -> equal sums, 8 has the better vector rank
+    rows = fuse(conn, [8, 7], [7, 8], [])
+    assert rows[0][2] == pytest.approx(rows[1][2], abs=1e-15)
+    assert [r[1] for r in rows] == [8, 7]
+
+
+def test_empty_lists(conn):
+    assert fuse(conn, [], [], []) == []
+    assert [r[1] for r in fuse(conn, [], [5, 6], [])] == [5, 6]
+
+
+def test_fusion_errors(conn):
+    with raises_sqlstate(conn, "22023"):
+        fuse(conn, [1], [1], [], lexical_weight=-1)
+    with raises_sqlstate(conn, "22023"):
+        fuse(conn, [1], [1], [], rrf_k=-1)
+
+
+def cap(
+    conn: psycopg.Connection[Any], chunks: list[int], docs: list[int], m: int | None
+) -> list[Any]:
+    return conn.execute(
+        "select rank, chunk_id, document_id, input_rank"
+        " from kb.cap_per_document(%s::bigint[], %s::bigint[], %s)",
+        (chunks, docs, m),
+    ).fetchall()
+
+
+def test_cap_per_document(conn):
+    chunks = [1, 2, 3, 4, 5, 6, 7]
+    docs = [100, 100, 100, 100, 200, 100, 300]
+    rows = cap(conn, chunks, docs, 3)
+    assert [r[1] for r in rows] == [1, 2, 3, 5, 7, 4, 6]  # over-cap 4 and 6 at the tail, in order
+    assert [r[0] for r in rows] == list(range(1, 8))
+    assert [r[3] for r in rows] == [1, 2, 3, 5, 7, 4, 6]
+    assert [r[1] for r in cap(conn, chunks, docs, 1)] == [1, 5, 7, 2, 3, 4, 6]
+    assert [r[1] for r in cap(conn, chunks, docs, None)] == chunks
+    with raises_sqlstate(conn, "22023"):
+        cap(conn, chunks, docs, 0)
+    with raises_sqlstate(conn, "22023"):
+        cap(conn, chunks, docs[:3], 3)
