@@ -370,6 +370,11 @@ def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) ->
 @click.option("--explain", is_flag=True, help="Per-arm ranks and timings on stderr.")
 @click.option("--json", "as_json", is_flag=True, help="Print {context, sources, chunks} as JSON.")
 @click.option("--context", "context_only", is_flag=True, help="Print only the context block.")
+@click.option(
+    "--embedder",
+    metavar="NAME",
+    help="Embedding provider of the knowledge base  [env: KBPG_EMBEDDER; default: minilm].",
+)
 @pass_app
 @handle_errors
 def search(
@@ -385,6 +390,7 @@ def search(
     explain: bool,
     as_json: bool,
     context_only: bool,
+    embedder: str | None,
 ) -> None:
     """Search the knowledge base for QUERY (TOON rows by default).
 
@@ -396,7 +402,7 @@ def search(
     from kbpg import output
     from kbpg.search import Retriever
 
-    with Retriever.from_env(app.settings, pool_size=1) as retriever:
+    with Retriever.from_env(app.settings, embedder=embedder, pool_size=1) as retriever:
         result = retriever.search(
             query,
             top=top,

@@ -191,3 +191,9 @@ def test_help_lists_every_option() -> None:
     for option in ("--top", "--group", "--category", "--label", "--min-similarity", "--graph",
                    "--no-lexical", "--explain", "--json", "--context"):  # fmt: skip
         assert option in result.stdout
+
+
+def test_unknown_embedder(kb_env: dict[str, str]) -> None:  # noqa: F811
+    code, out, err = invoke(kb_env, "search", "permit", "--embedder", "nope")
+    assert (code, out) == (1, "")
+    assert err.startswith("Error: unknown embedder 'nope'\nHint: ")
