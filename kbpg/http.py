@@ -11,6 +11,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -196,6 +197,16 @@ def create_app(
     @app.exception_handler(KbpgError)
     async def kbpg_error(request: Request, exc: KbpgError) -> JSONResponse:
         return _error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes each invalid input back: a 60 KB query, or a lone surrogate
+        # that cannot even be encoded as JSON. Where and what is enough to fix a request.
+        detail = [
+            {"type": error["type"], "loc": list(error["loc"]), "msg": error["msg"]}
+            for error in exc.errors()
+        ]
+        return JSONResponse({"detail": detail}, status_code=422)
 
     @app.post(
         "/api/v1/kb/search",

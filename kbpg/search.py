@@ -193,6 +193,12 @@ def validate_query(query: str) -> str:
         raise InvalidInput("the query must not be empty", hint="pass some words to search for")
     if "\x00" in query:
         raise InvalidInput("the query contains a NUL character")
+    try:
+        query.encode("utf-8")
+    except UnicodeEncodeError:  # lone surrogates: undecodable argv bytes, or JSON "\ud800"
+        raise InvalidInput(
+            "the query is not valid UTF-8 text", hint="check the terminal's encoding (LANG)"
+        ) from None
     return query
 
 

@@ -156,6 +156,16 @@ def test_validation_errors_are_422(api: httpx.Client, body: dict[str, object], f
     assert all(error["msg"] for error in detail)
 
 
+def test_lone_surrogate_is_422(api: httpx.Client) -> None:
+    response = api.post(
+        SEARCH,
+        content=rb'{"query": "caf\ud800"}',
+        headers={**AUTH, "content-type": "application/json"},
+    )
+    assert response.status_code == 422
+    assert [error["loc"] for error in response.json()["detail"]] == [["body", "query"]]
+
+
 def test_malformed_json_is_422(api: httpx.Client) -> None:
     response = api.post(
         SEARCH, content=b'{"query": ', headers={**AUTH, "content-type": "application/json"}

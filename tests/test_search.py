@@ -139,7 +139,7 @@ def test_non_latin_query_finds_non_latin_chunk(retriever: Retriever) -> None:
     assert any(c.section == "図書館カード" for c in result)
 
 
-@pytest.mark.parametrize("query", ["", "   ", "\t\n", "a\x00b"])
+@pytest.mark.parametrize("query", ["", "   ", "\t\n", "a\x00b", "caf\udce9 permit"])
 def test_unsearchable_query_is_invalid(retriever: Retriever, query: str) -> None:
     with pytest.raises(InvalidInput):
         retriever.search(query)

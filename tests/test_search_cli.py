@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import subprocess
 from collections.abc import Callable
 from pathlib import Path
 
@@ -11,7 +12,7 @@ import toon_format
 from click.testing import CliRunner
 
 from kbpg.cli import main
-from tests.helpers import run_kbpg
+from tests.helpers import KBPG, run_kbpg
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
     embedder,
@@ -131,6 +132,15 @@ def test_usage_error_from_the_real_command(kb_env: dict[str, str]) -> None:  # n
     proc = run_kbpg("search", "  ", env=kb_env)
     assert proc.returncode == 2
     assert "Usage: kbpg search" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_undecodable_argument_is_a_usage_error(kb_env: dict[str, str]) -> None:  # noqa: F811
+    proc = subprocess.run(
+        [KBPG.encode(), b"search", b"caf\xe9 permit"], env=kb_env, capture_output=True
+    )
+    assert proc.returncode == 2
+    assert b"the query is not valid UTF-8 text" in proc.stderr
+    assert b"Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("query", HOSTILE_QUERIES, ids=range(len(HOSTILE_QUERIES)))
