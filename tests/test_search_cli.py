@@ -207,3 +207,13 @@ def test_unknown_embedder(kb_env: dict[str, str]) -> None:  # noqa: F811
     code, out, err = invoke(kb_env, "search", "permit", "--embedder", "nope")
     assert (code, out) == (1, "")
     assert err.startswith("Error: unknown embedder 'nope'\nHint: ")
+
+
+def test_lexical_arm_follows_the_environment(kb_env: dict[str, str]) -> None:  # noqa: F811
+    env = {**kb_env, "KBPG_HYBRID_LEXICAL_ENABLED": "false"}
+    code, out, _ = invoke(env, "search", "renew parking permit", "--json")
+    assert code == 0
+    assert all(c["lexical_rank"] is None for c in json.loads(out)["chunks"])
+    code, out, _ = invoke(env, "search", "renew parking permit", "--lexical", "--json")
+    assert code == 0
+    assert any(c["lexical_rank"] is not None for c in json.loads(out)["chunks"])
