@@ -1,0 +1,334 @@
+"""Benchmark kb.search and each arm on a synthetic 200k-chunk corpus (not a test; prints numbers).
+
+A throwaway embedded PostgreSQL (temp dir) is loaded with chunks whose words are drawn from the
+NPL collection's unigram distribution (Zipfian, with frequent content words) and 384-d clustered
+unit vectors; HNSW and GIN are built after the load and the BM25 impact cache is refreshed.
+Then, in one run and on the same queries, it times (wall clock per call over the unix socket,
+prepared statements off so every call is planned like a psql call):
+
+  kb.search (hybrid, lexical-only, 1%-group filter), kb.search_vector, kb.search_lexical (impact
+  cache), the same BM25 without the cache (exhaustive), a ts_rank_cd OR-query arm, and
+  client-side fusion (plain HNSW query + ts_rank_cd query + RRF in Python).
+
+    python benchmarks/bench_search.py                 # 200k chunks, ~6 min on 2 cores
+    python benchmarks/bench_search.py --chunks 20000  # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import shutil
+import statistics
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+
+from kbpg import db as kdb
+from kbpg.server import EmbeddedServer
+
+NPL = Path(__file__).resolve().parent.parent.parent / "shared" / "ir" / "npl"
+DIM = 384
+POOL = 32  # match_count 8 x fetch_multiplier 4, what kb.search fetches per arm
+RRF_K = 60
+
+
+def log(message: str) -> None:
+    print(message, flush=True)
+
+
+def word_distribution(rng: random.Random) -> tuple[list[str], np.ndarray, list[str]]:
+    """Words and probabilities from NPL (or a synthetic Zipf law), plus NPL's real queries."""
+    counts: Counter[str] = Counter()
+    queries: list[str] = []
+    if (NPL / "corpus.jsonl").exists():
+        with (NPL / "corpus.jsonl").open() as f:
+            for line in f:
+                counts.update(json.loads(line)["text"].split())
+        with (NPL / "queries.jsonl").open() as f:
+            queries = [json.loads(line)["text"] for line in f]
+    else:
+        syllables = ["ka", "lo", "mi", "ru", "te", "so", "van", "dre", "pul", "nix", "bor", "gel"]
+        for rank in range(20000):
+            word = "".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) + str(rank)
+            counts[word] = int(1e6 / (rank + 1))
+        queries = [" ".join(rng.choices(list(counts), k=6)) for _ in range(93)]
+    words = list(counts)
+    freq = np.array([counts[w] for w in words], dtype=np.float64)
+    return words, freq / freq.sum(), queries
+
+
+def load(conn: psycopg.Connection[Any], n_chunks: int, seed: int) -> dict[str, Any]:
+    rng = random.Random(seed)
+    nrng = np.random.default_rng(seed)
+    words, probs, npl_queries = word_distribution(rng)
+    n_docs = max(1, n_chunks // 10)
+    centroids = nrng.normal(size=(500, DIM)).astype(np.float32)
+    conn.execute("select kb.set_embedding_space('bench-384', %s)", (DIM,))
+    # indexes are built after the load: far faster than maintaining them row by row
+    conn.execute("drop index kb.chunks_embedding_hnsw")
+    conn.execute("drop index kb.chunks_tsv_gin")
+    conn.commit()
+
+    started = time.perf_counter()
+    with conn.cursor() as cur:
+        with cur.copy(
+            "copy kb.documents (source, title, category, groups, content_hash) from stdin"
+        ) as copy:
+            for d in range(n_docs):
+                copy.write_row((f"doc-{d}", f"Document {d}", f"cat{d % 10}", [f"g{d % 100}"], "h"))
+        doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
+    conn.commit()
+
+    lengths = nrng.integers(30, 121, size=n_chunks)
+    batch = 20000
+    for start in range(0, n_chunks, batch):
+        stop = min(n_chunks, start + batch)
+        drawn = nrng.choice(len(words), size=int(lengths[start:stop].sum()), p=probs)
+        vectors = centroids[nrng.integers(0, len(centroids), size=stop - start)]
+        vectors = vectors + nrng.normal(scale=0.9, size=vectors.shape).astype(np.float32)
+        vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+        offset = 0
+        with (
+            conn.cursor() as cur,
+            cur.copy(
+                "copy kb.chunks (document_id, ordinal, content, groups, category, embedding)"
+                " from stdin with (format binary)"
+            ) as copy,
+        ):
+            copy.set_types(["int8", "int4", "text", "text[]", "text", "vector"])
+            for i in range(start, stop):
+                n = int(lengths[i])
+                text = " ".join(words[j] for j in drawn[offset : offset + n])
+                offset += n
+                d = i // 10
+                copy.write_row(
+                    (doc_ids[d], i % 10, text, [f"g{d % 100}"], f"cat{d % 10}", vectors[i - start])
+                )
+        conn.commit()
+        log(f"  loaded {stop:,} chunks ({time.perf_counter() - started:.0f} s)")
+    timings: dict[str, Any] = {"load_s": time.perf_counter() - started}
+
+    conn.execute("set maintenance_work_mem = '1GB'")
+    conn.execute("set max_parallel_maintenance_workers = 1")
+    t = time.perf_counter()
+    conn.execute("create index chunks_tsv_gin on kb.chunks using gin (tsv)")
+    conn.commit()
+    timings["gin_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    conn.execute(
+        "create index chunks_embedding_hnsw on kb.chunks using hnsw"
+        " (embedding vector_cosine_ops) with (m = 16, ef_construction = 64)"
+    )
+    conn.commit()
+    timings["hnsw_s"] = time.perf_counter() - t
+    t = time.perf_counter()
+    conn.execute("select kb.refresh_lexical_index()")
+    conn.commit()
+    timings["lexical_cache_s"] = time.perf_counter() - t
+    conn.autocommit = True
+    conn.execute("vacuum analyze kb.chunks")
+    conn.execute("analyze")
+    size = conn.execute(
+        "select pg_size_pretty(pg_total_relation_size('kb.lexical_blocks')),"
+        " pg_size_pretty(pg_total_relation_size('kb.chunks_embedding_hnsw')),"
+        " pg_size_pretty(pg_total_relation_size('kb.chunks_tsv_gin'))"
+    ).fetchone()
+    assert size is not None
+    timings["sizes"] = {"lexical_blocks": size[0], "hnsw": size[1], "gin": size[2]}
+
+    # frequent content words: the most common words that are not stopwords
+    frequent: list[tuple[str, float]] = []
+    n_total = n_chunks
+    for w in [words[i] for i in np.argsort(-probs)[:200]]:
+        row = conn.execute(
+            "select s.doc_freq from kb.lexeme_stats s"
+            " where s.lexeme = any (tsvector_to_array(to_tsvector('english', %s)))",
+            (w,),
+        ).fetchone()
+        if row is not None:
+            frequent.append((w, row[0] / n_total))
+        if len(frequent) == 30:
+            break
+    timings["frequent_words"] = frequent
+    timings["npl_queries"] = npl_queries
+    timings["centroids"] = centroids
+    return timings
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q * (len(ordered) - 1)))]
+
+
+def timed(fn: Callable[[Any], Any], items: Sequence[Any]) -> tuple[float, float, list[Any]]:
+    out: list[Any] = []
+    times: list[float] = []
+    for item in items:
+        t = time.perf_counter()
+        out.append(fn(item))
+        times.append((time.perf_counter() - t) * 1000)
+    return statistics.median(times), percentile(times, 0.95), out
+
+
+TS_RANK_CD = """
+with q as (select kb.lexemes_tsquery(t.terms) as q from kb.query_terms(%s) t)
+select c.id from kb.chunks c, q where c.tsv @@ q.q
+ order by ts_rank_cd(c.tsv, q.q) desc, c.id limit %s
+"""
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chunks", type=int, default=200_000)
+    parser.add_argument("--queries", type=int, default=40, help="queries per query set")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="kbpg-bench-", dir="/tmp"))
+    home.chmod(0o755)
+    server = EmbeddedServer(home, durable=False)
+    try:
+        admin = server.start()
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute("create database bench")
+        url = admin.rsplit("/", 1)[0] + "/bench?" + admin.split("?", 1)[1]
+        kdb.upgrade(url)
+        with psycopg.connect(url, prepare_threshold=None) as conn:
+            register_vector(conn)
+            log(f"loading {args.chunks:,} chunks ...")
+            info = load(conn, args.chunks, args.seed)
+            conn.autocommit = True
+            run(conn, info, args)
+    finally:
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
+    log(
+        f"load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s, HNSW {info['hnsw_s']:.0f} s,"
+        f" BM25 impact cache {info['lexical_cache_s']:.0f} s; sizes {info['sizes']}"
+    )
+    rng = random.Random(args.seed + 1)
+    nrng = np.random.default_rng(args.seed + 1)
+    frequent = info["frequent_words"]
+    log(
+        "frequent words (share of chunks containing them): "
+        + ", ".join(f"{w} {share:.0%}" for w, share in frequent[:12])
+    )
+    query_sets = {
+        "frequent terms": [
+            " ".join(w for w, _ in rng.sample(frequent[:15], rng.randint(2, 3)))
+            for _ in range(args.queries)
+        ],
+        "NPL questions": rng.sample(
+            info["npl_queries"], min(args.queries, len(info["npl_queries"]))
+        ),
+    }
+    centroids = info["centroids"]
+
+    def embedding() -> np.ndarray:
+        v = centroids[nrng.integers(0, len(centroids))] + nrng.normal(scale=0.9, size=DIM)
+        return (v / np.linalg.norm(v)).astype(np.float32)
+
+    # warm the caches once
+    for text in query_sets["NPL questions"][:5]:
+        conn.execute("select * from kb.search(%s, %s)", (text, embedding())).fetchall()
+
+    def search(item: tuple[str, np.ndarray]) -> list[Any]:
+        return conn.execute(
+            "select chunk_id from kb.search(%s, %s, match_count => 8)", item
+        ).fetchall()
+
+    def search_text(item: tuple[str, np.ndarray]) -> list[Any]:
+        return conn.execute(
+            "select chunk_id from kb.search(%s, match_count => 8)", (item[0],)
+        ).fetchall()
+
+    def search_filtered(item: tuple[str, np.ndarray]) -> list[Any]:
+        return conn.execute(
+            "select chunk_id from kb.search(%s, %s, match_count => 8, groups => '{g7}')", item
+        ).fetchall()
+
+    def vector_arm(item: tuple[str, np.ndarray]) -> list[Any]:
+        return conn.execute(
+            "select chunk_id from kb.search_vector(%s, %s)", (item[1], POOL)
+        ).fetchall()
+
+    def lexical_arm(item: tuple[str, np.ndarray]) -> list[Any]:
+        return conn.execute(
+            "select chunk_id from kb.search_lexical(%s, %s)", (item[0], POOL)
+        ).fetchall()
+
+    def lexical_exhaustive(item: tuple[str, np.ndarray]) -> list[Any]:
+        with conn.transaction():
+            conn.execute("set local kb.lexical_exhaustive_limit = 1000000000")
+            return conn.execute(
+                "select chunk_id from kb.search_lexical(%s, %s)", (item[0], POOL)
+            ).fetchall()
+
+    def ts_rank_cd(item: tuple[str, np.ndarray]) -> list[Any]:
+        return conn.execute(TS_RANK_CD, (item[0], POOL)).fetchall()
+
+    def client_fusion(item: tuple[str, np.ndarray]) -> list[Any]:
+        text, emb = item
+        with conn.transaction():
+            conn.execute("set local hnsw.ef_search = 64")
+            dense = conn.execute(
+                "select id from kb.chunks order by embedding <=> %s limit %s", (emb, POOL)
+            ).fetchall()
+        lexical = conn.execute(TS_RANK_CD, (text, POOL)).fetchall()
+        scores: dict[int, float] = {}
+        for ranked in (dense, lexical):
+            for rank, (cid,) in enumerate(ranked, 1):
+                scores[cid] = scores.get(cid, 0.0) + 1 / (RRF_K + rank)
+        top = sorted(scores, key=lambda c: -scores[c])[:8]
+        return conn.execute(
+            "select c.id, c.content, d.source from kb.chunks c join kb.documents d"
+            " on d.id = c.document_id where c.id = any(%s)",
+            (top,),
+        ).fetchall()
+
+    variants: list[tuple[str, Callable[[Any], Any]]] = [
+        ("kb.search hybrid (text + embedding)", search),
+        ("kb.search lexical only (NULL embedding)", search_text),
+        ("kb.search hybrid, 1% group filter", search_filtered),
+        ("kb.search_vector (pool 32)", vector_arm),
+        ("kb.search_lexical BM25 (pool 32)", lexical_arm),
+        ("BM25 without the impact cache", lexical_exhaustive),
+        ("ts_rank_cd OR query (pool 32)", ts_rank_cd),
+        ("client-side fusion (HNSW + ts_rank_cd + RRF)", client_fusion),
+    ]
+    log(f"\n{'':48} {'p50 ms':>8} {'p95 ms':>8}")
+    for set_name, texts in query_sets.items():
+        items = [(t, embedding()) for t in texts]
+        log(f"-- {set_name} ({len(items)} queries), {args.chunks:,} chunks")
+        results: dict[str, list[Any]] = {}
+        for name, fn in variants:
+            p50, p95, out = timed(fn, items)
+            results[name] = out
+            log(f"{name:48} {p50:8.1f} {p95:8.1f}")
+        cached = results["kb.search_lexical BM25 (pool 32)"]
+        exact = results["BM25 without the impact cache"]
+        same = sum(a == b for a, b in zip(cached, exact, strict=True))
+        overlap = statistics.mean(
+            len({r[0] for r in a[:10]} & {r[0] for r in b[:10]}) / max(1, min(10, len(b)))
+            for a, b in zip(results["ts_rank_cd OR query (pool 32)"], exact, strict=True)
+        )
+        log(
+            f"BM25 cache vs exhaustive: identical top-{POOL} on {same}/{len(items)} queries;"
+            f" ts_rank_cd overlap@10 with BM25 {overlap:.2f}"
+        )
+
+
+if __name__ == "__main__":
+    main()
