@@ -87,6 +87,8 @@ def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> Connection
         max_size=max_size,
         kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
         configure=register_types,
+        # a server restart breaks idle connections: test each on checkout (one round trip)
+        check=ConnectionPool.check_connection,
         open=False,
     )
     try:
