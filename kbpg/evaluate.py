@@ -405,7 +405,16 @@ def ingest_collection(
         progress(f"ingesting {len(dataset.corpus)} documents into {database_name(eval_url)}")
     clock = time.perf_counter()
     documents = [Document(source=d.id, title=d.title, text=d.text) for d in dataset.corpus]
-    ingest_documents(eval_url, documents, embedder)
+    ingest_documents(
+        eval_url,
+        documents,
+        embedder,
+        progress=(
+            (lambda p: progress(f"ingested {p.documents} documents, {p.chunks} chunks"))
+            if progress
+            else None
+        ),
+    )
     ingest_s = time.perf_counter() - clock
 
     clock = time.perf_counter()
