@@ -355,10 +355,12 @@ def _writer(url: str) -> Iterator[psycopg.Connection[Any]]:
 def _refresh_lexical_index(conn: psycopg.Connection[Any]) -> None:
     """Keep the lexical arm's impact cache fresh when the schema has one (speed, not exactness)."""
     row = conn.execute(
-        "select pg_catalog.to_regprocedure('kb.refresh_lexical_index()') is not null"
+        "select exists (select 1 from pg_catalog.pg_proc where proname = 'refresh_lexical_index'"
+        " and pronamespace = 'kb'::regnamespace)"
     ).fetchone()
     if row and row[0]:
-        conn.execute("select kb.refresh_lexical_index()")
+        with conn.transaction():
+            conn.execute("select * from kb.refresh_lexical_index()")
 
 
 def refresh_edges(conn: psycopg.Connection[Any]) -> tuple[int, int]:

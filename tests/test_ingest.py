@@ -187,6 +187,10 @@ def test_ingest_every_format_with_filters(db_url: str, tmp_path: Path, embedder:
         ("all-MiniLM-L6-v2", 384)
     ]
     assert_bm25_stats_exact(db_url)
+    # ingest refreshed the lexical arm's impact cache up to the last chunk
+    assert rows(db_url, "select watermark from kb.lexical_state") == rows(
+        db_url, "select max(id) from kb.chunks"
+    )
 
 
 def test_reingest_unchanged_writes_nothing(db_url: str, tmp_path: Path, embedder: Embedder) -> None:
