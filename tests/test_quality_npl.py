@@ -20,9 +20,12 @@ BM25_K1 = 1.2
 BM25_B = 0.75
 NDCG = "ndcg@10"
 # bm25s tokenizes with a regex and Lucene's 33 English stopwords, PostgreSQL's `english`
-# parser with Snowball's 127; both stem with Snowball English. Measured on NPL: mean
-# overlap@10 0.XX, so 0.80 is a regression alarm, not a tight fit.
-MIN_MEAN_OVERLAP = 0.80
+# parser with Snowball's 127; both stem with Snowball English, so the top-10s cannot agree
+# exactly. Measured on NPL (93 queries): mean overlap@10 0.889, 86% of queries >= 0.8,
+# minimum 0.40. The bounds leave a small margin and catch an approximate or broken BM25.
+MIN_MEAN_OVERLAP = 0.85
+AGREEING_OVERLAP = 0.8
+MIN_AGREEING_QUERIES = 0.75
 
 
 def bm25s_run(dataset: ev.Dataset, depth: int) -> dict[str, list[str]]:
@@ -108,7 +111,7 @@ def _table(results: NplResults) -> list[str]:
     overlaps = results.overlaps
     lines.append(
         f"lexical vs bm25s overlap@10: mean {np.mean(overlaps):.3f}, "
-        f"min {min(overlaps):.2f}, queries >= 0.8: {np.mean([o >= 0.8 for o in overlaps]):.2f}"
+        f"min {min(overlaps):.2f}, queries >= {AGREEING_OVERLAP}: {np.mean([o >= AGREEING_OVERLAP for o in overlaps]):.2f}"
     )
     timings = ", ".join(f"{k} {v:.1f}" for k, v in results.report.timings.items())
     lines.append(f"eval wall time {results.wall_s:.1f} s ({timings})")
@@ -176,3 +179,5 @@ def test_lexical_arm_is_bm25(npl: NplResults) -> None:
 
 def test_lexical_top10_agrees_with_bm25s(npl: NplResults) -> None:
     assert float(np.mean(npl.overlaps)) >= MIN_MEAN_OVERLAP
+    agreeing = np.mean([o >= AGREEING_OVERLAP for o in npl.overlaps])
+    assert agreeing >= MIN_AGREEING_QUERIES
