@@ -106,8 +106,8 @@ begin
         '    select pg_catalog.sum($5[pg_catalog.array_position($4, u.lexeme)] * u.tf '
         '                          / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / $6))) as score '
         '      from (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf '
-        '              from pg_catalog.unnest(c.tsv) as x '
-        '             where x.lexeme operator(pg_catalog.=) any ($4)) as u) as s '
+        '              from pg_catalog.unnest(pg_catalog.ts_delete(c.tsv, pg_catalog.tsvector_to_array('
+        '                       pg_catalog.ts_delete(c.tsv, $4)))) as x) as u) as s '
         'where %s and %s %s '
         'order by s.score desc, c.id limit $10',
         source_sql, filter_sql,
@@ -149,8 +149,7 @@ declare
     excluded tsquery;
     state kb.lexical_state;
     drift double precision;
-    exhaustive_limit bigint := coalesce(
-        nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint, 2000);
+    exhaustive_limit bigint;
     filter_sql constant text := kb.chunk_filter_sql(
         'c', '$1', '$2', '$3', search_lexical.groups, search_lexical.category, search_lexical.labels);
     filtered_rows bigint;
@@ -161,8 +160,10 @@ declare
     theta double precision;
     lo double precision;
     hi double precision;
-    found_count bigint;
+    hi_start double precision;
     probe_count bigint;
+    lo_count bigint;
+    hi_count bigint;
     need bigint;
     iterations integer;
     ranked_ids bigint[];
@@ -185,6 +186,11 @@ begin
     end if;
     excluded := kb.lexemes_tsquery(qt.excluded);
     select * into state from kb.lexical_state;
+    -- below this many postings exact scoring from the tsvector (~8 us a row) beats summing
+    -- every block (~0.4 ms a block); kb.lexical_exhaustive_limit overrides it (tests)
+    exhaustive_limit := coalesce(
+        nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
+        300 + 40 * (state.watermark / state.block_size + 1));
 
     -- exact scoring straight from the tsvector when it reads few rows
     if state.watermark = 0 or df_total <= exhaustive_limit then
@@ -225,46 +231,59 @@ begin
               from (select u.lexeme,
                            pg_catalog.array_fill(u.idf::real, array[state.block_size])::public.vector
                                as idf_vector
-                      from unnest(terms, idfs) as u(lexeme, idf)) t
+                      from unnest(terms, idfs) as u(lexeme, idf)
+                    offset 0) t  -- one idf vector per term, not one per joined row
               join kb.lexical_blocks b on b.lexeme = t.lexeme
              group by b.block_no) x;
 
     drift := greatest(1.0, avgdl / state.avgdl);
     need := search_lexical.match_count + 8;
     hi := (select sum(i) from pg_catalog.unnest(idfs) as i) * 1.001;  -- every impact is < 1
+    hi_start := hi;
+    hi_count := 0;
     loop
-        -- a threshold theta leaving between need and 3 * need cached candidates above it
-        -- (bisection keeps count(lo) >= need; theta = 0 takes every cached match)
+        -- a threshold theta leaving between need and 3 * need cached candidates above it:
+        -- interpolation on log(count), which falls roughly linearly in theta near the top;
+        -- lo always has count >= need (theta = 0: every cached match)
         lo := 0;
+        lo_count := n_chunks;
         iterations := 0;
-        select coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
-          into found_count
-          from pg_catalog.unnest(block_scores) as s,
-               (select pg_catalog.array_fill(0::real, array[state.block_size])::public.vector as v) z;
-        while found_count > 3 * need and iterations < 40 loop
+        loop
+            -- too few chunks in all to be worth a threshold, or the range is exhausted
+            exit when n_chunks <= 3 * need or hi - lo <= 1e-9 * hi_start;
             iterations := iterations + 1;
-            theta := (lo + hi) / 2;
+            theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need))
+                                    / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
+            theta := least(greatest(theta, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
             select coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
               into probe_count
               from pg_catalog.unnest(block_scores) as s,
                    (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z;
             if probe_count < need then
                 hi := theta;
+                hi_count := probe_count;
             else
                 lo := theta;
-                found_count := probe_count;
+                lo_count := probe_count;
+                exit when probe_count <= 3 * need;
             end if;
+            exit when iterations >= 30;
         end loop;
         theta := lo;
 
-        select coalesce(array_agg(x.bno::bigint * state.block_size + p - 1), '{}')
+        -- chunk ids of the cached scores above theta: the '1' bits of binary_quantize(scores - theta),
+        -- found by splitting its text on '1' (C string code; the pieces are the gaps between bits)
+        select coalesce(array_agg(x.bno::bigint * state.block_size + p.pos - 1), '{}')
           into candidate_ids
           from unnest(block_nos, block_scores) as x(bno, s)
-          cross join lateral pg_catalog.unnest(pg_catalog.array_positions(
-              pg_catalog.string_to_array(public.binary_quantize(
-                  x.s operator(public.-)
-                  pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector)::text,
-                  null), '1')) as p;
+          cross join (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z
+          cross join lateral (
+              select sum(pg_catalog.length(u.piece) + 1) over (order by u.ord) as pos
+                from pg_catalog.unnest(pg_catalog.string_to_array(
+                         public.binary_quantize(x.s operator(public.-) z.v)::text, '1'))
+                     with ordinality as u(piece, ord)
+          ) p
+         where p.pos <= state.block_size;
 
         select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
                array_agg(b.document_id order by b.score desc, b.chunk_id),
@@ -280,6 +299,7 @@ begin
                    and ranked_scores[search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
         need := need * 4;
         hi := theta;
+        hi_count := 0;
         if need > 4 * exhaustive_limit + search_lexical.match_count then
             -- filters or deletions hide too many cached candidates: score exhaustively
             return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,

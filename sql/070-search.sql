@@ -56,6 +56,10 @@ declare
     graph_ids bigint[] := '{}';
     fused_ids bigint[];
     fused_docs bigint[];
+    fused_scores double precision[];
+    fused_vector_ranks integer[];
+    fused_lexical_ranks integer[];
+    fused_graph_ranks integer[];
     vector_only boolean;
 begin
     perform kb.check_match_count(search.match_count);
@@ -113,8 +117,11 @@ begin
     end if;
 
     vector_only := cardinality(lexical_ids) = 0 and cardinality(graph_ids) = 0;
-    select array_agg(f.chunk_id order by f.rank), array_agg(c.document_id order by f.rank)
-      into fused_ids, fused_docs
+    select array_agg(f.chunk_id order by f.rank), array_agg(c.document_id order by f.rank),
+           array_agg(f.score order by f.rank), array_agg(f.vector_rank order by f.rank),
+           array_agg(f.lexical_rank order by f.rank), array_agg(f.graph_rank order by f.rank)
+      into fused_ids, fused_docs, fused_scores, fused_vector_ranks, fused_lexical_ranks,
+           fused_graph_ranks
       from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, search.vector_weight,
                        search.lexical_weight, search.graph_weight) f
       join kb.chunks c on c.id = f.chunk_id;
@@ -125,12 +132,11 @@ begin
     return query
     select p.rank, c.id, c.document_id, d.source, d.title, c.section, c.content,
            case when vector_only then 1 - (c.embedding operator(public.<=>) search.query_embedding)
-                else f.score end,
+                else fused_scores[p.input_rank] end,
            1 - (c.embedding operator(public.<=>) search.query_embedding),
-           f.vector_rank, f.lexical_rank, f.graph_rank
+           fused_vector_ranks[p.input_rank], fused_lexical_ranks[p.input_rank],
+           fused_graph_ranks[p.input_rank]
       from kb.cap_per_document(fused_ids, fused_docs, search.max_per_doc) p
-      join kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, search.vector_weight,
-                       search.lexical_weight, search.graph_weight) f on f.chunk_id = p.chunk_id
       join kb.chunks c on c.id = p.chunk_id
       join kb.documents d on d.id = c.document_id
      where p.rank <= search.match_count
