@@ -498,3 +498,41 @@ def test_cli_ingest_reports_broken_file_and_exits_1(
     again = run_kbpg("ingest", str(tmp_path / "kb" / "parking"), "--group", "public", env=cli_env)
     assert again.returncode == 0
     assert "unchanged 2" in again.stderr
+
+
+def test_discover_recursive_and_glob(tmp_path: Path) -> None:
+    from kbpg.ingest import discover
+
+    write(tmp_path / "a.md", "a")
+    write(tmp_path / "b.txt", "b")
+    write(tmp_path / "notes.xyz", "skipped: unsupported")
+    write(tmp_path / ".git" / "c.md", "hidden directories are skipped")
+    write(tmp_path / "sub" / "d.md", "d")
+    assert [p.name for p in discover([tmp_path])] == ["a.md", "b.txt"]
+    assert [p.name for p in discover([tmp_path], recursive=True)] == ["a.md", "b.txt", "d.md"]
+    assert [p.name for p in discover([tmp_path], recursive=True, glob="*.md")] == ["a.md", "d.md"]
+    assert [p.name for p in discover([tmp_path], recursive=True, glob="sub/*")] == ["d.md"]
+    (missing,) = discover([tmp_path / "nope"])
+    assert missing.reason == "no such file or directory"
+
+
+def test_cli_reembed_with_the_http_provider(
+    tmp_path: Path, cli_env: dict[str, str], db_url: str, embedder: Embedder
+) -> None:
+    make_kb(tmp_path / "kb")
+    assert run_kbpg("ingest", str(tmp_path / "kb"), "-r", env=cli_env).returncode == 0
+    with EmbeddingServer(embedder, model="minilm-over-http") as server:  # type: ignore[arg-type]
+        env = dict(
+            cli_env, KBPG_OPENAI_BASE_URL=server.base_url, KBPG_OPENAI_MODEL="minilm-over-http"
+        )
+        refused = run_kbpg("ingest", str(tmp_path / "kb"), "-r", "--embedder", "openai", env=env)
+        assert refused.returncode == 1
+        assert "Hint: use the all-MiniLM-L6-v2 embedder, or run `kbpg reembed`" in refused.stderr
+        result = run_kbpg("reembed", "--embedder", "openai", env=env)
+        assert result.returncode == 0, result.stderr
+        assert "re-embedded" in result.stderr and "minilm-over-http (384-d)" in result.stderr
+        again = run_kbpg("ingest", str(tmp_path / "kb"), "-r", "--embedder", "openai", env=env)
+        assert again.returncode == 0, again.stderr
+        assert "unchanged 7" in again.stderr
+    assert rows(db_url, "select model from kb.embedding_space") == [("minilm-over-http",)]
+    assert rows(db_url, "select count(*) from kb.chunks where embedding is null") == [(0,)]
