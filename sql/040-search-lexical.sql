@@ -143,6 +143,9 @@ declare
     qt record;
     terms text[];
     idfs double precision[];
+    dfs integer[];
+    rare_terms text[];
+    idf_ratio double precision;
     df_total bigint;
     n_chunks bigint;
     avgdl double precision;
@@ -177,8 +180,9 @@ begin
     select array_agg(l.lexeme order by l.lexeme),
            array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5) / (l.doc_freq + 0.5))
                      order by l.lexeme),
+           array_agg(l.doc_freq order by l.lexeme),
            sum(l.doc_freq)
-      into terms, idfs, df_total
+      into terms, idfs, dfs, df_total
       from kb.lexeme_stats l
      where l.lexeme = any (qt.terms) and l.doc_freq > 0;
     if terms is null then
@@ -223,22 +227,36 @@ begin
     select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
       from kb.lexical_pending p;
 
-    -- cached scores per block: sum over terms of impacts * idf, in pgvector's C arithmetic
+    -- rare terms: reading all their chunks is cheaper than summing their blocks, so those
+    -- chunks become candidates and the terms leave the sums (an unread chunk has none of them)
+    select coalesce(array_agg(x.lexeme), '{}') into rare_terms
+      from (select u.lexeme, sum(u.df) over (order by u.df, u.lexeme) as running
+              from unnest(terms, dfs) as u(lexeme, df)) x
+     where x.running <= 50 * (state.watermark / state.block_size + 1);
+    if cardinality(rare_terms) > 0 then
+        select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
+          from kb.chunks c
+         where c.tsv @@ kb.lexemes_tsquery(rare_terms);
+    end if;
+
+    -- cached scores per block: the sum of the other terms' weight vectors, in pgvector's C
+    -- arithmetic; idf_ratio bounds how much the live idf outgrew the cached one
     select coalesce(array_agg(x.block_no order by x.block_no), '{}'),
-           coalesce(array_agg(x.scores order by x.block_no), '{}')
-      into block_nos, block_scores
-      from (select b.block_no, sum(b.impacts::public.vector operator(public.*) t.idf_vector) as scores
-              from (select u.lexeme,
-                           pg_catalog.array_fill(u.idf::real, array[state.block_size])::public.vector
-                               as idf_vector
-                      from unnest(terms, idfs) as u(lexeme, idf)
-                    offset 0) t  -- one idf vector per term, not one per joined row
+           coalesce(array_agg(x.scores order by x.block_no), '{}'),
+           coalesce(max(x.ratio), 1)
+      into block_nos, block_scores, idf_ratio
+      from (select b.block_no, sum(b.impacts::public.vector) as scores, max(t.idf / b.idf) as ratio
+              from unnest(terms, idfs) as t(lexeme, idf)
               join kb.lexical_blocks b on b.lexeme = t.lexeme
+             where t.lexeme <> all (rare_terms)
              group by b.block_no) x;
 
-    drift := greatest(1.0, avgdl / state.avgdl);
+    drift := greatest(1.0, avgdl / state.avgdl) * idf_ratio;
     need := search_lexical.match_count + 8;
-    hi := (select sum(i) from pg_catalog.unnest(idfs) as i) * 1.001;  -- every impact is < 1
+    -- above every cached score (each tf part is < 1)
+    hi := (select sum(u.idf) from unnest(terms, idfs) as u(lexeme, idf)
+            where u.lexeme <> all (rare_terms)) * 1.001 / least(idf_ratio, 1) + 1e-9;
+    hi := coalesce(hi, 0);
     hi_start := hi;
     hi_count := 0;
     loop
@@ -250,7 +268,8 @@ begin
         iterations := 0;
         loop
             -- too few chunks in all to be worth a threshold, or the range is exhausted
-            exit when n_chunks <= 3 * need or hi - lo <= 1e-9 * hi_start;
+            exit when n_chunks <= 3 * need or cardinality(block_scores) = 0
+                   or hi - lo <= 1e-9 * hi_start;
             iterations := iterations + 1;
             theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need))
                                     / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
@@ -366,17 +385,21 @@ begin
 
     foreach b in array rebuild loop
         delete from kb.lexical_blocks lb where lb.block_no = b;
-        insert into kb.lexical_blocks (lexeme, block_no, impacts)
+        insert into kb.lexical_blocks (lexeme, block_no, impacts, idf)
         select u.lexeme, b,
                ('{' || string_agg((c.id - b::bigint * state.block_size + 1)::text || ':'
-                                  || (u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
+                                  || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
                                   ',' order by c.id)
-                || '}/' || state.block_size)::public.sparsevec
+                || '}/' || state.block_size)::public.sparsevec,
+               l.idf
           from kb.chunks c
           cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
                                 from pg_catalog.unnest(c.tsv) as x) u
+          join (select s.lexeme,
+                       pg_catalog.ln(1 + (n_chunks - s.doc_freq + 0.5) / (s.doc_freq + 0.5)) as idf
+                  from kb.lexeme_stats s) l on l.lexeme = u.lexeme
          where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size
-         group by u.lexeme;
+         group by u.lexeme, l.idf;
     end loop;
 
     update kb.lexical_state s

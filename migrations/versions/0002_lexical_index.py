@@ -1,15 +1,15 @@
-"""Lexical index: BM25 term impacts per (lexeme, block of chunk ids) as sparsevec.
+"""Lexical index: BM25 term weights per (lexeme, block of chunk ids) as sparsevec.
 
 Revision ID: 0002
 Revises: 0001
 Create Date: 2026-11-29
 
 The lexical arm (sql/040-search-lexical.sql) scores a query by summing, per block of
-16,000 chunk ids, each query term's impact vector times its live idf with pgvector's C
-arithmetic, then rescores the best candidates exactly from the tsvector. The impacts are
-a cache: the search stays exact whatever state they are in (chunks above the watermark,
-updated chunks and a drifted average length are all handled at query time); refreshing
-them (kb.refresh_lexical_index) only restores speed.
+16,000 chunk ids, each query term's weight vector (idf x tf part) with pgvector's C
+arithmetic, reads the best candidates off the sums, and rescores them exactly from the
+tsvector. The weights are a cache: the search stays exact whatever state they are in
+(chunks above the watermark, updated chunks, a drifted average length or idf are all
+bounded at query time); refreshing them (kb.refresh_lexical_index) only restores speed.
 
 The triggers here record what a refresh must redo: updated chunks (scored exactly until
 then) and blocks holding deleted chunks. Their functions are frozen in this revision.
@@ -28,13 +28,15 @@ UPGRADE = r"""
 create table kb.lexical_blocks (
     lexeme   text not null,
     block_no integer not null check (block_no >= 0),
-    -- BM25 tf part per chunk (index = chunk id mod block size), computed with lexical_state.avgdl
+    -- idf * tf / (tf + k1*(1-b+b*dl/avgdl)) per chunk (index = chunk id mod block size),
+    -- with lexical_state.avgdl and the idf below, both as of the block's last refresh
     impacts  sparsevec not null,
+    idf      double precision not null check (idf > 0),
     primary key (lexeme, block_no)
 );
 comment on table kb.lexical_blocks is
-    'Cache of BM25 term impacts tf/(tf + k1*(1-b+b*dl/avgdl)) per lexeme and block of chunk ids; '
-    'maintained by kb.refresh_lexical_index(), never needed for exactness.';
+    'Cache of BM25 term weights idf*tf/(tf + k1*(1-b+b*dl/avgdl)) per lexeme and block of chunk '
+    'ids; maintained by kb.refresh_lexical_index(), never needed for exactness.';
 
 create table kb.lexical_state (
     singleton   boolean primary key default true check (singleton),
