@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import hashlib
+import itertools
 import json
 import os
 import re
@@ -559,39 +560,32 @@ class _Run:
                         )
                     )
                     row += 1
-        chunk_ids: dict[tuple[int, int], int] = {
+        by_key: dict[tuple[int, int], int] = {
             (int(doc), int(ordinal)): int(cid)
             for doc, ordinal, cid in conn.execute(
                 _CHUNK_IDS, ([p.existing_id for p in prepared],)
             ).fetchall()
         }
+        # chunk ids of each prepared document, indexed by ordinal
+        per_doc = [[by_key[p.existing_id or 0, c.ordinal] for c in p.chunks] for p in prepared]
         with conn.cursor() as cur:
             with cur.copy(
                 "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
             ) as copy:
-                for p in prepared:
-                    for a, b in zip(p.chunks, p.chunks[1:], strict=False):
-                        doc = p.existing_id
-                        assert doc is not None
-                        copy.write_row(
-                            (
-                                chunk_ids[doc, a.ordinal],
-                                chunk_ids[doc, b.ordinal],
-                                "next",
-                                WEIGHT_NEXT,
-                            )
-                        )
+                for chunk_ids in per_doc:
+                    for src, dst in itertools.pairwise(chunk_ids):
+                        copy.write_row((src, dst, "next", WEIGHT_NEXT))
                         self.summary.edges += 1
             with cur.copy(
                 "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
             ) as copy:
-                for p in prepared:
+                for p, chunk_ids in zip(prepared, per_doc, strict=True):
                     for ordinal, target, fragment in p.links:
-                        copy.write_row((chunk_ids[p.existing_id or 0, ordinal], target, fragment))
+                        copy.write_row((chunk_ids[ordinal], target, fragment))
             with cur.copy("copy kb.chunk_entities (entity, chunk_id) from stdin") as copy:
-                for p in prepared:
+                for p, chunk_ids in zip(prepared, per_doc, strict=True):
                     for ordinal, entity in p.entities:
-                        copy.write_row((entity, chunk_ids[p.existing_id or 0, ordinal]))
+                        copy.write_row((entity, chunk_ids[ordinal]))
 
     def delete(self, document_ids: Sequence[int]) -> int:
         if not document_ids:
