@@ -178,7 +178,7 @@ begin
     select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
       into n_chunks, avgdl from kb.corpus_stats s;
     select array_agg(l.lexeme order by l.lexeme),
-           array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5) / (l.doc_freq + 0.5))
+           array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
                      order by l.lexeme),
            array_agg(l.doc_freq order by l.lexeme),
            sum(l.doc_freq)
@@ -396,7 +396,7 @@ begin
           cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
                                 from pg_catalog.unnest(c.tsv) as x) u
           join (select s.lexeme,
-                       pg_catalog.ln(1 + (n_chunks - s.doc_freq + 0.5) / (s.doc_freq + 0.5)) as idf
+                       pg_catalog.ln(1 + (n_chunks - s.doc_freq + 0.5::float8) / (s.doc_freq + 0.5::float8)) as idf
                   from kb.lexeme_stats s) l on l.lexeme = u.lexeme
          where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size
          group by u.lexeme, l.idf;
