@@ -11,15 +11,21 @@
 -- matches), "-term" excludes chunks containing that lexeme (a negated phrase excludes each of
 -- its words), quoted phrases count as their words.
 --
--- Speed: chunks with few matches are scored exactly from the tsvector. Otherwise the impact
--- cache kb.lexical_blocks (one sparsevec of tf parts per lexeme and block of 16,000 chunk
--- ids) is summed with live idf by pgvector's C arithmetic, candidates above a threshold are
--- read off binary_quantize(), and rescored exactly. Cached impacts were computed with an
--- older avgdl A0; with r = avgdl / A0 any chunk's true score is <= max(1, r) * its cached
--- score, so the search stops only when the k-th exact score beats that bound for every
--- chunk left unread: results are exact whatever the cache's age. Chunks above the cache's
--- watermark and chunks updated since (kb.lexical_pending) are scored exactly as well.
--- kb.refresh_lexical_index() brings the cache up to date (ingest calls it after a batch).
+-- Speed. ts_rank* and any exact scoring from the tsvector cost O(matching rows), hopeless
+-- when a term is in a third of the chunks. So:
+--   * few postings in all (sum of df small): exact scoring from the tsvector (kb.bm25_rank);
+--   * otherwise a cache, kb.lexical_blocks, holds per lexeme and block of 16,000 chunk ids a
+--     sparsevec of weights idf0 * tf part (idf0, avgdl0: as of the block's refresh). The
+--     query's frequent terms' vectors are summed per block by pgvector's C arithmetic; a
+--     threshold theta is searched so a few times match_count cached scores exceed it
+--     (binary_quantize + bit_count); those chunks, every chunk holding one of the query's
+--     rare terms (read from GIN), chunks above the cache's watermark and chunks updated
+--     since (kb.lexical_pending) are rescored exactly.
+--   * exactness: with r = avgdl / avgdl0 and rho = max live idf / idf0 over the terms summed,
+--     any chunk left unread scores at most max(1, r) * rho * theta, so the search stops only
+--     when the k-th exact score beats that (else theta is lowered); deleted chunks in the
+--     cache are dropped by the rescoring join. Results are exact whatever the cache's age;
+--     kb.refresh_lexical_index() (ingest calls it after a batch) only restores speed.
 
 create or replace function kb.tsquery_lexemes(tsquery_text text)
 returns text[]

@@ -188,3 +188,15 @@ def test_bad_input_raises_22023_with_hint(conn, kb, text, embedding, kw):
     with raises_sqlstate(conn, "22023") as info:
         search(conn, text, embedding, **kw)
     assert info.value.diag.message_hint
+
+
+def test_search_runs_in_a_read_only_transaction(conn, kb):
+    conn.execute("set transaction read only")
+    rows = search(conn, "renew permit", [1, 0, 0], use_graph=True)
+    assert rows[0]["chunk_id"] == kb["a1"]
+
+
+def test_refresh_on_an_empty_knowledge_base(conn):
+    row = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
+    assert row is not None and (row[1], row[2]) == (0, 0)
+    assert conn.execute("select * from kb.search('anything')").fetchall() == []
