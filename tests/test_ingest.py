@@ -408,8 +408,8 @@ def test_killed_ingest_leaves_no_half_document(
 ) -> None:
     root = tmp_path / "many"
     paths = [
-        write(root / f"doc{i:03d}.md", f"# Document {i}\n\n{long_text(40 + (i % 6) * 170)}\n")
-        for i in range(80)
+        write(root / f"doc{i:03d}.md", f"# Document {i}\n\n{long_text(30 + (i % 5) * 110)}\n")
+        for i in range(48)
     ]
     expected = expected_chunk_counts(paths, embedder)
     assert len(set(expected.values())) > 3  # documents of different lengths

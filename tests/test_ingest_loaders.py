@@ -45,7 +45,31 @@ def one(path: Path) -> Document:
     return items[0]
 
 
-SENTENCE_WORDS = ["residents", "renew", "the", "parking", "permit", "online", "before", "it", "expires", "and", "upload", "a", "recent", "proof", "of", "address", "while", "the", "office", "checks", "the", "vehicle", "registration"]
+SENTENCE_WORDS = [
+    "residents",
+    "renew",
+    "the",
+    "parking",
+    "permit",
+    "online",
+    "before",
+    "it",
+    "expires",
+    "and",
+    "upload",
+    "a",
+    "recent",
+    "proof",
+    "of",
+    "address",
+    "while",
+    "the",
+    "office",
+    "checks",
+    "the",
+    "vehicle",
+    "registration",
+]
 
 
 def long_text(words: int) -> str:
