@@ -162,6 +162,7 @@ declare
     filter_sql constant text := kb.chunk_filter_sql(
         'c', '$1', '$2', '$3', search_lexical.groups, search_lexical.category, search_lexical.labels);
     filtered_rows bigint;
+    filtered_limit bigint;
     block_nos integer[];
     block_scores public.vector[];
     extra_ids bigint[];
@@ -174,6 +175,7 @@ declare
     lo_count bigint;
     hi_count bigint;
     need bigint;
+    slack bigint;
     iterations integer;
     ranked_ids bigint[];
     ranked_docs bigint[];
@@ -212,11 +214,14 @@ begin
         return;
     end if;
     if filter_sql <> 'true' then
+        -- a selective filter hides most cached candidates (k / selectivity of them would be
+        -- rescored): below a few thousand chunks, score the filtered chunks directly
+        filtered_limit := greatest(exhaustive_limit, 5000);
         execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
-                       filter_sql, exhaustive_limit)
+                       filter_sql, filtered_limit)
            into filtered_rows
           using search_lexical.groups, search_lexical.category, search_lexical.labels;
-        if filtered_rows < exhaustive_limit then
+        if filtered_rows < filtered_limit then
             return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
                                 b.chunk_id, b.document_id, b.score
                            from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
@@ -266,18 +271,20 @@ begin
     hi_start := hi;
     hi_count := 0;
     loop
-        -- a threshold theta leaving between need and 3 * need cached candidates above it:
+        -- a threshold theta leaving between need and need + slack cached candidates above
+        -- it (slack: 2x need while small, +50% once rescoring them costs more than probing):
         -- interpolation on log(count), which falls roughly linearly in theta near the top;
         -- lo always has count >= need (theta = 0: every cached match)
         lo := 0;
         lo_count := n_chunks;
         iterations := 0;
+        slack := greatest(2 * (search_lexical.match_count + 8), need / 2);
         loop
             -- too few chunks in all to be worth a threshold, or the range is exhausted
-            exit when n_chunks <= 3 * need or cardinality(block_scores) = 0
+            exit when n_chunks <= need + slack or cardinality(block_scores) = 0
                    or hi - lo <= 1e-9 * hi_start;
             iterations := iterations + 1;
-            theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need))
+            theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(need + slack / 2))
                                     / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
             theta := least(greatest(theta, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
             select coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
@@ -290,7 +297,7 @@ begin
             else
                 lo := theta;
                 lo_count := probe_count;
-                exit when probe_count <= 3 * need;
+                exit when probe_count <= need + slack;
             end if;
             exit when iterations >= 30;
         end loop;
@@ -322,9 +329,14 @@ begin
         exit when theta = 0
                or (coalesce(cardinality(ranked_ids), 0) >= search_lexical.match_count
                    and ranked_scores[search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
-        need := need * 4;
+        -- too few survived the filters (or deletions): aim at enough candidates for the
+        -- observed survival rate, at least four times as many as this round
+        need := greatest(need * 4,
+                         pg_catalog.ceil(2.0 * (search_lexical.match_count + 8)
+                                         * cardinality(candidate_ids || extra_ids)
+                                         / greatest(coalesce(cardinality(ranked_ids), 0), 1)));
         hi := theta;
-        hi_count := 0;
+        hi_count := lo_count;  -- the count at theta: lo ended there
         if need > 4 * exhaustive_limit + search_lexical.match_count then
             -- filters or deletions hide too many cached candidates: score exhaustively
             return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
