@@ -6,7 +6,9 @@
 -- the same filters; the lists are fused with weighted RRF, capped per document (over-cap
 -- chunks move to the tail), and the top match_count returned. With no lexical and no graph
 -- hits the vector order stands and score is the cosine similarity. A lexical arm that fails
--- leaves the vector arm alone, with a NOTICE.
+-- leaves the vector arm alone, with a NOTICE. similarity is the cosine similarity of every
+-- returned chunk when an embedding is given (also of chunks only other arms found), else NULL;
+-- vector_rank / lexical_rank / graph_rank are each arm's rank (from 1), NULL where it missed.
 
 create or replace function kb.search(
     query_text text,

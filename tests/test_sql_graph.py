@@ -83,3 +83,13 @@ def test_graph_errors(conn, graph):
     for kw in ({"max_depth": 0}, {"max_depth": 6}, {"max_returned": -1}, {"min_score": 1.5}):
         with raises_sqlstate(conn, "22023"):
             expand(conn, [graph["a"]], **kw)
+
+
+def test_fan_out_is_bounded_per_chunk_and_direction(conn):
+    doc = add_doc(conn, "hub")
+    hub = add_chunk(conn, doc, "hub")
+    spokes = [add_chunk(conn, doc, f"spoke {i}") for i in range(40)]
+    for i, spoke in enumerate(spokes):
+        add_edge(conn, hub, spoke, 0.99 - i * 0.01)
+    rows = expand(conn, [hub], max_returned=100)
+    assert [r[1] for r in rows] == spokes[:32]  # the 32 heaviest edges

@@ -103,6 +103,15 @@ def test_selective_filter_still_fills_top_k(conn, random_corpus, path):
     conn.execute(
         "select set_config('kb.vector_exact_limit', %s, true)", ("0" if path == "hnsw" else "",)
     )
+    if path == "hnsw":  # leave the planner no way around the index: filtering inside the scan
+        conn.execute("select set_config('enable_seqscan', 'off', true)")
+        conn.execute("select set_config('enable_bitmapscan', 'off', true)")
+        plan = conn.execute(
+            "explain select id from kb.chunks where groups && '{rare}' and embedding is not null"
+            " order by embedding <=> %s::vector limit 10",
+            (vec([1.0] * 8),),
+        ).fetchall()
+        assert "chunks_embedding_hnsw" in " ".join(r[0] for r in plan)
     rng = np.random.default_rng(5)
     for _ in range(5):
         query = rng.normal(size=8)
