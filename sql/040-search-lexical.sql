@@ -172,6 +172,12 @@ declare
     hi double precision;
     hi_start double precision;
     probe_count bigint;
+    probe_bits varbit[];
+    lo_bits varbit[];
+    guess double precision;
+    guessed boolean := false;
+    sample_scores public.vector[];
+    sample_scale double precision;
     lo_count bigint;
     hi_count bigint;
     need bigint;
@@ -270,6 +276,39 @@ begin
     hi := coalesce(hi, 0);
     hi_start := hi;
     hi_count := 0;
+
+    -- a first guess at theta from a sample of about 4 blocks (a quarter of the probing cost)
+    if cardinality(block_scores) > 4 then
+        sample_scores := array(select u.s from unnest(block_scores) with ordinality as u(s, i)
+                                where (u.i - 1) % pg_catalog.ceil(cardinality(block_scores) / 4.0)::integer = 0
+                                order by u.i);
+        sample_scale := cardinality(block_scores)::float8 / cardinality(sample_scores);
+        lo := 0;
+        lo_count := n_chunks;
+        slack := 2 * (search_lexical.match_count + 8);
+        need := search_lexical.match_count + 8;
+        for iterations in 1..12 loop
+            guess := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(need + slack / 2))
+                                    / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
+            guess := least(greatest(guess, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
+            select sample_scale * coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
+              into probe_count
+              from pg_catalog.unnest(sample_scores) as s,
+                   (select pg_catalog.array_fill(guess::real, array[state.block_size])::public.vector as v) z;
+            if probe_count < need then
+                hi := guess;
+                hi_count := probe_count;
+            else
+                lo := guess;
+                lo_count := probe_count;
+                exit when probe_count <= need + slack;
+            end if;
+        end loop;
+        guess := nullif(lo, 0);  -- the highest theta whose estimated count reached need
+        hi := hi_start;
+        hi_count := 0;
+    end if;
+
     loop
         -- a threshold theta leaving between need and need + slack cached candidates above
         -- it (slack: 2x need while small, +50% once rescoring them costs more than probing):
@@ -277,6 +316,7 @@ begin
         -- lo always has count >= need (theta = 0: every cached match)
         lo := 0;
         lo_count := n_chunks;
+        lo_bits := null;
         iterations := 0;
         slack := greatest(2 * (search_lexical.match_count + 8), need / 2);
         loop
@@ -284,35 +324,48 @@ begin
             exit when n_chunks <= need + slack or cardinality(block_scores) = 0
                    or hi - lo <= 1e-9 * hi_start;
             iterations := iterations + 1;
-            theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(need + slack / 2))
-                                    / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
-            theta := least(greatest(theta, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
-            select coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
-              into probe_count
-              from pg_catalog.unnest(block_scores) as s,
-                   (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z;
+            if guess is not null and guess > lo and guess < hi then
+                theta := guess;
+                guessed := true;  -- a sampled estimate: accept a wider window than probing for more
+            else
+                theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(need + slack / 2))
+                                        / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
+                theta := least(greatest(theta, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
+            end if;
+            guess := null;
+            -- the bits are kept: the accepted probe's bits are the candidates
+            select coalesce(sum(pg_catalog.bit_count(q.bits)), 0), array_agg(q.bits order by q.i)
+              into probe_count, probe_bits
+              from (select public.binary_quantize(u.s operator(public.-) z.v) as bits, u.i
+                      from unnest(block_scores) with ordinality as u(s, i),
+                           (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z
+                   ) q;
             if probe_count < need then
                 hi := theta;
                 hi_count := probe_count;
             else
                 lo := theta;
                 lo_count := probe_count;
-                exit when probe_count <= need + slack;
+                lo_bits := probe_bits;
+                exit when probe_count <= need + slack * (case when guessed then 3 else 1 end);
             end if;
+            guessed := false;
             exit when iterations >= 30;
         end loop;
         theta := lo;
+        if lo_bits is null then  -- theta = 0: every cached match
+            select array_agg(public.binary_quantize(u.s) order by u.i) into lo_bits
+              from unnest(block_scores) with ordinality as u(s, i);
+        end if;
 
-        -- chunk ids of the cached scores above theta: the '1' bits of binary_quantize(scores - theta),
-        -- found by splitting its text on '1' (C string code; the pieces are the gaps between bits)
+        -- chunk ids of the cached scores above theta: the '1' bits, found by splitting their
+        -- text on '1' (C string code; the pieces are the gaps between set bits)
         select coalesce(array_agg(x.bno::bigint * state.block_size + p.pos - 1), '{}')
           into candidate_ids
-          from unnest(block_nos, block_scores) as x(bno, s)
-          cross join (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z
+          from unnest(block_nos, lo_bits) as x(bno, bits)
           cross join lateral (
               select sum(pg_catalog.length(u.piece) + 1) over (order by u.ord) as pos
-                from pg_catalog.unnest(pg_catalog.string_to_array(
-                         public.binary_quantize(x.s operator(public.-) z.v)::text, '1'))
+                from pg_catalog.unnest(pg_catalog.string_to_array(x.bits::text, '1'))
                      with ordinality as u(piece, ord)
           ) p
          where p.pos <= state.block_size;

@@ -196,10 +196,10 @@ def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
     for i in range(1500):
         add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 8, 40))
     # several blocks, so the block arithmetic and id mapping are exercised
-    conn.execute("update kb.lexical_state set block_size = 400")
+    conn.execute("update kb.lexical_state set block_size = 250")
     conn.execute("select kb.refresh_lexical_index()")
     blocks = conn.execute("select count(distinct block_no) from kb.lexical_blocks").fetchone()
-    assert blocks is not None and blocks[0] >= 4
+    assert blocks is not None and blocks[0] >= 6
     frequent, middle, rare = vocab[0], vocab[30], vocab[300]
     queries = [
         frequent,
