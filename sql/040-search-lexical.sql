@@ -82,6 +82,10 @@ comment on function kb.query_terms(text) is
     'The distinct lexemes a query scores with (terms, OR-ed) and the lexemes it excludes '
     '("-word"), parsed with websearch_to_tsquery(''english'', ...).';
 
+-- 0.1 had no filter_first parameter; the old signature would make calls ambiguous
+drop function if exists kb.bm25_rank(text[], double precision[], double precision, tsquery,
+                                     bigint[], integer, text[], text, text[]);
+
 create or replace function kb.bm25_rank(
     terms text[],
     idfs double precision[],
@@ -91,7 +95,8 @@ create or replace function kb.bm25_rank(
     limit_count integer,
     filter_groups text[] default null,
     filter_category text default null,
-    filter_labels text[] default null
+    filter_labels text[] default null,
+    filter_first boolean default false
 )
 returns table (chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
@@ -102,9 +107,14 @@ as $$
 declare
     filter_sql constant text := kb.chunk_filter_sql(
         'c', '$1', '$2', '$3', filter_groups, filter_category, filter_labels);
-    source_sql constant text := case when candidate_ids is null
-        then 'c.tsv operator(pg_catalog.@@) $8'
-        else 'c.id operator(pg_catalog.=) any ($9) and c.tsv operator(pg_catalog.@@) $8' end;
+    -- filter_first: the filters keep few chunks, so match the terms on those rows rather than
+    -- AND a GIN bitmap of every chunk holding a frequent term (coalesce hides @@ from GIN)
+    source_sql constant text := case
+        when candidate_ids is not null
+            then 'c.id operator(pg_catalog.=) any ($9) and c.tsv operator(pg_catalog.@@) $8'
+        when filter_first and filter_sql <> 'true'
+            then 'coalesce(c.tsv operator(pg_catalog.@@) $8, false)'
+        else 'c.tsv operator(pg_catalog.@@) $8' end;
 begin
     return query execute format(
         'select c.id, c.document_id, s.score from kb.chunks c '
@@ -122,9 +132,10 @@ begin
           kb.lexemes_tsquery(terms), candidate_ids, limit_count;
 end
 $$;
-comment on function kb.bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[]) is
+comment on function kb.bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean) is
     'Exact BM25 of chunks (all chunks matching any term when candidate_ids is NULL, else those '
-    'candidates), filtered, best limit_count first (ties by chunk id). Internal to the lexical arm.';
+    'candidates), filtered (filter_first: read the filtered rows first), best limit_count first '
+    '(ties by chunk id). Internal to the lexical arm.';
 
 create or replace function kb.search_lexical(
     query_text text,
@@ -222,7 +233,9 @@ begin
     if filter_sql <> 'true' then
         -- a selective filter hides most cached candidates (k / selectivity of them would be
         -- rescored): below a few thousand chunks, score the filtered chunks directly
-        filtered_limit := greatest(exhaustive_limit, 5000);
+        filtered_limit := coalesce(
+            nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
+            greatest(exhaustive_limit, 5000));
         execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
                        filter_sql, filtered_limit)
            into filtered_rows
@@ -232,7 +245,8 @@ begin
                                 b.chunk_id, b.document_id, b.score
                            from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
                                              search_lexical.groups, search_lexical.category,
-                                             search_lexical.labels) b;
+                                             search_lexical.labels,
+                                             filter_first => filtered_rows < df_total) b;
             return;
         end if;
     end if;

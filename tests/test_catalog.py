@@ -31,7 +31,7 @@ EXPECTED_VOLATILITY = {
     "kb.lexemes_tsquery(text[])": "i",
     "kb.query_terms(text)": "i",
     "kb.bm25_rank(text[],double precision[],double precision,tsquery,bigint[],integer,text[],"
-    "text,text[])": "s",
+    "text,text[],boolean)": "s",
     "kb.search_lexical(text,integer,text[],text,text[])": "s",
     "kb.refresh_lexical_index(boolean)": "v",
     "kb.expand_graph(bigint[],integer,integer,double precision,text[],text,text[])": "s",
