@@ -12,6 +12,9 @@ prepared statements off so every call is planned like a psql call):
 
     python benchmarks/bench_search.py                 # 200k chunks, ~6 min on 2 cores
     python benchmarks/bench_search.py --chunks 20000  # quick look
+    python benchmarks/bench_search.py --keep /tmp/kbpg-bench  # keep the loaded server; a later
+        # run with the same --keep reuses it (re-applies sql/ with kbpg.db.upgrade, no reload)
+    python benchmarks/bench_search.py --keep /tmp/kbpg-bench --only search_lexical,without
 """
 
 from __future__ import annotations
@@ -191,26 +194,56 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=40, help="queries per query set")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--keep",
+        type=Path,
+        metavar="DIR",
+        help="keep the loaded server in DIR; reuse it (no reload) if DIR already holds one",
+    )
+    parser.add_argument(
+        "--only", help="comma-separated substrings: time only the variants whose name has one"
+    )
+    parser.add_argument("--repeat", type=int, default=1, help="time each query set N times")
     args = parser.parse_args()
 
-    home = Path(tempfile.mkdtemp(prefix="kbpg-bench-", dir="/tmp"))
+    if args.keep is not None:
+        home = args.keep.resolve()
+        home.mkdir(parents=True, exist_ok=True)
+    else:
+        home = Path(tempfile.mkdtemp(prefix="kbpg-bench-", dir="/tmp"))
     home.chmod(0o755)
+    saved = home / "bench-info.json"
     server = EmbeddedServer(home, durable=False)
     try:
         admin = server.start()
-        with psycopg.connect(admin, autocommit=True) as c:
-            c.execute("create database bench")
         url = admin.rsplit("/", 1)[0] + "/bench?" + admin.split("?", 1)[1]
-        kdb.upgrade(url)
+        info: dict[str, Any] | None = None
+        if saved.exists():
+            info = json.loads(saved.read_text())
+            if info["chunks"] != args.chunks or info["seed"] != args.seed:
+                raise SystemExit(f"{home} holds {info['chunks']:,} chunks, seed {info['seed']}")
+            info["centroids"] = np.array(info["centroids"], dtype=np.float32)
+            log(f"reusing the {args.chunks:,} chunks loaded in {home}")
+        else:
+            with psycopg.connect(admin, autocommit=True) as c:
+                c.execute("drop database if exists bench")
+                c.execute("create database bench")
+        kdb.upgrade(url)  # re-applies sql/ on a reused server
         with psycopg.connect(url, prepare_threshold=None) as conn:
             register_vector(conn)
-            log(f"loading {args.chunks:,} chunks ...")
-            info = load(conn, args.chunks, args.seed)
+            if info is None:
+                log(f"loading {args.chunks:,} chunks ...")
+                info = load(conn, args.chunks, args.seed)
+                if args.keep is not None:
+                    keep = dict(info, chunks=args.chunks, seed=args.seed)
+                    keep["centroids"] = info["centroids"].tolist()
+                    saved.write_text(json.dumps(keep))
             conn.autocommit = True
             run(conn, info, args)
     finally:
         server.stop()
-        shutil.rmtree(home, ignore_errors=True)
+        if args.keep is None:
+            shutil.rmtree(home, ignore_errors=True)
 
 
 def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
@@ -308,26 +341,33 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         ("ts_rank_cd OR query (pool 32)", ts_rank_cd),
         ("client-side fusion (HNSW + ts_rank_cd + RRF)", client_fusion),
     ]
+    if args.only:
+        wanted = [w.strip() for w in args.only.split(",") if w.strip()]
+        variants = [(n, fn) for n, fn in variants if any(w in n for w in wanted)]
     log(f"\n{'':48} {'p50 ms':>8} {'p95 ms':>8}")
-    for set_name, texts in query_sets.items():
-        items = [(t, embedding()) for t in texts]
-        log(f"-- {set_name} ({len(items)} queries), {args.chunks:,} chunks")
-        results: dict[str, list[Any]] = {}
-        for name, fn in variants:
-            p50, p95, out = timed(fn, items)
-            results[name] = out
-            log(f"{name:48} {p50:8.1f} {p95:8.1f}")
-        cached = results["kb.search_lexical BM25 (pool 32)"]
-        exact = results["BM25 without the impact cache"]
-        same = sum(a == b for a, b in zip(cached, exact, strict=True))
-        overlap = statistics.mean(
-            len({r[0] for r in a[:10]} & {r[0] for r in b[:10]}) / max(1, min(10, len(b)))
-            for a, b in zip(results["ts_rank_cd OR query (pool 32)"], exact, strict=True)
-        )
-        log(
-            f"BM25 cache vs exhaustive: identical top-{POOL} on {same}/{len(items)} queries;"
-            f" ts_rank_cd overlap@10 with BM25 {overlap:.2f}"
-        )
+    sets = [(name, [(t, embedding()) for t in texts]) for name, texts in query_sets.items()]
+    for _ in range(args.repeat):
+        for set_name, items in sets:
+            log(f"-- {set_name} ({len(items)} queries), {args.chunks:,} chunks")
+            results: dict[str, list[Any]] = {}
+            for name, fn in variants:
+                p50, p95, out = timed(fn, items)
+                results[name] = out
+                log(f"{name:48} {p50:8.1f} {p95:8.1f}")
+            exact = results.get("BM25 without the impact cache")
+            cached = results.get("kb.search_lexical BM25 (pool 32)")
+            if exact is not None and cached is not None:
+                same = sum(a == b for a, b in zip(cached, exact, strict=True))
+                log(
+                    f"BM25 cache vs exhaustive: identical top-{POOL} on {same}/{len(items)} queries"
+                )
+            ranked = results.get("ts_rank_cd OR query (pool 32)")
+            if exact is not None and ranked is not None:
+                overlap = statistics.mean(
+                    len({r[0] for r in a[:10]} & {r[0] for r in b[:10]}) / max(1, min(10, len(b)))
+                    for a, b in zip(ranked, exact, strict=True)
+                )
+                log(f"ts_rank_cd overlap@10 with BM25 {overlap:.2f}")
 
 
 if __name__ == "__main__":

@@ -18,7 +18,8 @@
 --     sparsevec of weights idf0 * tf part (idf0, avgdl0: as of the block's refresh). The
 --     query's frequent terms' vectors are summed per block by pgvector's C arithmetic; a
 --     threshold theta is searched so a few times match_count cached scores exceed it
---     (binary_quantize + bit_count); those chunks, every chunk holding one of the query's
+--     (binary_quantize + bit_count); the best 1.5 x (match_count + 8) of those by cached score
+--     (theta then rises to the best one left out), every chunk holding one of the query's
 --     rare terms (read from GIN), chunks above the cache's watermark and chunks updated
 --     since (kb.lexical_pending) are rescored exactly.
 --   * exactness: with r = avgdl / avgdl0 and rho = max live idf / idf0 over the terms summed,
@@ -183,6 +184,8 @@ declare
     hi double precision;
     hi_start double precision;
     probe_count bigint;
+    keep_count bigint;
+    all_terms tsquery;
     probe_bits varbit[];
     lo_bits varbit[];
     guess double precision;
@@ -214,6 +217,7 @@ begin
         return;
     end if;
     excluded := kb.lexemes_tsquery(qt.excluded);
+    all_terms := kb.lexemes_tsquery(terms);
     select * into state from kb.lexical_state;
     -- below this many postings exact scoring from the tsvector (~8 us a row) beats summing
     -- every block (~0.4 ms a block); kb.lexical_exhaustive_limit overrides it (tests)
@@ -254,7 +258,7 @@ begin
     -- chunks the cache does not cover (new since the watermark, or updated): always candidates
     select coalesce(array_agg(c.id), '{}') into extra_ids
       from kb.chunks c
-     where c.id > state.watermark and c.tsv @@ kb.lexemes_tsquery(terms);
+     where c.id > state.watermark and c.tsv @@ all_terms;
     select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
       from kb.lexical_pending p;
 
@@ -302,20 +306,20 @@ begin
         slack := 2 * (search_lexical.match_count + 8);
         need := search_lexical.match_count + 8;
         for iterations in 1..12 loop
-            guess := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(need + slack / 2))
+            guess := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need + slack))
                                     / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
             guess := least(greatest(guess, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
             select sample_scale * coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
               into probe_count
               from pg_catalog.unnest(sample_scores) as s,
                    (select pg_catalog.array_fill(guess::real, array[state.block_size])::public.vector as v) z;
-            if probe_count < need then
+            if probe_count < 2 * need then
                 hi := guess;
                 hi_count := probe_count;
             else
                 lo := guess;
                 lo_count := probe_count;
-                exit when probe_count <= need + slack;
+                exit when probe_count <= need + 4 * slack;
             end if;
         end loop;
         guess := nullif(lo, 0);  -- the highest theta whose estimated count reached need
@@ -353,7 +357,7 @@ begin
               from (select public.binary_quantize(u.s operator(public.-) z.v) as bits, u.i
                       from unnest(block_scores) with ordinality as u(s, i),
                            (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z
-                   ) q;
+                    offset 0) q;  -- offset 0: quantize once, not once per use of q.bits
             if probe_count < need then
                 hi := theta;
                 hi_count := probe_count;
@@ -361,7 +365,7 @@ begin
                 lo := theta;
                 lo_count := probe_count;
                 lo_bits := probe_bits;
-                exit when probe_count <= need + slack * (case when guessed then 3 else 1 end);
+                exit when probe_count <= need + slack * (case when guessed then 8 else 3 end);
             end if;
             guessed := false;
             exit when iterations >= 30;
@@ -373,24 +377,54 @@ begin
         end if;
 
         -- chunk ids of the cached scores above theta: the '1' bits, found by splitting their
-        -- text on '1' (C string code; the pieces are the gaps between set bits)
-        select coalesce(array_agg(x.bno::bigint * state.block_size + p.pos - 1), '{}')
-          into candidate_ids
-          from unnest(block_nos, lo_bits) as x(bno, bits)
-          cross join lateral (
-              select sum(pg_catalog.length(u.piece) + 1) over (order by u.ord) as pos
-                from pg_catalog.unnest(pg_catalog.string_to_array(x.bits::text, '1'))
-                     with ordinality as u(piece, ord)
-          ) p
-         where p.pos <= state.block_size;
+        -- text on '1' (C string code; the pieces are the gaps between set bits), with their
+        -- cached scores; only the best keep_count are rescored: theta rises to the best
+        -- score left out, so every chunk left unread still scores at most theta (cached)
+        keep_count := need + need / 2;
+        select coalesce(array_agg(y.id order by y.v desc, y.id) filter (where y.r <= keep_count), '{}'),
+               coalesce(max(y.v) filter (where y.r > keep_count), theta)
+          into candidate_ids, theta
+          from (select z.id, z.v, pg_catalog.rank() over (order by z.v desc) as r
+                  from (select x.bno::bigint * state.block_size + p.pos - 1 as id,
+                               (public.subvector(x.s, p.pos::integer, 1)::real[])[1] as v
+                  from unnest(block_nos, lo_bits, block_scores) as x(bno, bits, s)
+                  cross join lateral (
+                      select sum(pg_catalog.length(u.piece) + 1) over (order by u.ord) as pos
+                        from pg_catalog.unnest(pg_catalog.string_to_array(x.bits::text, '1'))
+                             with ordinality as u(piece, ord)
+                  ) p
+                 where pg_catalog.bit_count(x.bits) > 0 and p.pos <= state.block_size
+                 offset 0) z) y;
+        lo_count := cardinality(candidate_ids);
 
-        select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
-               array_agg(b.document_id order by b.score desc, b.chunk_id),
-               array_agg(b.score order by b.score desc, b.chunk_id)
-          into ranked_ids, ranked_docs, ranked_scores
-          from kb.bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
-                            search_lexical.match_count, search_lexical.groups,
-                            search_lexical.category, search_lexical.labels) b;
+        if filter_sql = 'true' then
+            -- kb.bm25_rank's scoring as static SQL: its plan is cached, EXECUTE re-plans
+            select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
+                   array_agg(b.document_id order by b.score desc, b.chunk_id),
+                   array_agg(b.score order by b.score desc, b.chunk_id)
+              into ranked_ids, ranked_docs, ranked_scores
+              from (select c.id as chunk_id, c.document_id, s.score
+                      from kb.chunks c
+                      cross join lateral (
+                          select sum(idfs[pg_catalog.array_position(terms, u.lexeme)] * u.tf
+                                     / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / avgdl))) as score
+                            from (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
+                                    from pg_catalog.unnest(pg_catalog.ts_delete(c.tsv, pg_catalog.tsvector_to_array(
+                                             pg_catalog.ts_delete(c.tsv, terms)))) as x) as u) as s
+                     where c.id = any (candidate_ids || extra_ids)
+                       and c.tsv @@ all_terms
+                       and (excluded is null or not c.tsv @@ excluded)
+                     order by s.score desc, c.id
+                     limit search_lexical.match_count) b;
+        else
+            select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
+                   array_agg(b.document_id order by b.score desc, b.chunk_id),
+                   array_agg(b.score order by b.score desc, b.chunk_id)
+              into ranked_ids, ranked_docs, ranked_scores
+              from kb.bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
+                                search_lexical.match_count, search_lexical.groups,
+                                search_lexical.category, search_lexical.labels) b;
+        end if;
 
         -- exact once the k-th score beats every chunk left below theta (float32 slack)
         exit when theta = 0
