@@ -186,6 +186,7 @@ declare
     probe_count bigint;
     keep_count bigint;
     all_terms tsquery;
+    theta_vec public.vector;
     probe_bits varbit[];
     lo_bits varbit[];
     guess double precision;
@@ -256,9 +257,16 @@ begin
     end if;
 
     -- chunks the cache does not cover (new since the watermark, or updated): always candidates
-    select coalesce(array_agg(c.id), '{}') into extra_ids
-      from kb.chunks c
-     where c.id > state.watermark and c.tsv @@ all_terms;
+    -- (max(id) is one index probe; should plpgsql pick a generic plan, with the watermark
+    -- unknown, the two-sided id range and the coalesce keep the second query an id range scan,
+    -- never a GIN scan of every chunk holding a frequent term)
+    extra_ids := '{}';
+    if (select pg_catalog.max(c.id) from kb.chunks c) > state.watermark then
+        select coalesce(array_agg(c.id), '{}') into extra_ids
+          from kb.chunks c
+         where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
+           and coalesce(c.tsv @@ all_terms, false);
+    end if;
     select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
       from kb.lexical_pending p;
 
@@ -309,10 +317,13 @@ begin
             guess := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need + slack))
                                     / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
             guess := least(greatest(guess, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
-            select sample_scale * coalesce(sum(pg_catalog.bit_count(public.binary_quantize(s operator(public.-) z.v))), 0)
+            -- the threshold vector is built once here: inside the query it would be rebuilt
+            -- for every block (a nested loop rescans it)
+            theta_vec := pg_catalog.array_fill(guess::real, array[state.block_size])::public.vector;
+            select sample_scale * coalesce(sum(pg_catalog.bit_count(public.binary_quantize(
+                       s operator(public.-) theta_vec))), 0)
               into probe_count
-              from pg_catalog.unnest(sample_scores) as s,
-                   (select pg_catalog.array_fill(guess::real, array[state.block_size])::public.vector as v) z;
+              from pg_catalog.unnest(sample_scores) as s;
             if probe_count < 2 * need then
                 hi := guess;
                 hi_count := probe_count;
@@ -352,11 +363,11 @@ begin
             end if;
             guess := null;
             -- the bits are kept: the accepted probe's bits are the candidates
+            theta_vec := pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector;
             select coalesce(sum(pg_catalog.bit_count(q.bits)), 0), array_agg(q.bits order by q.i)
               into probe_count, probe_bits
-              from (select public.binary_quantize(u.s operator(public.-) z.v) as bits, u.i
-                      from unnest(block_scores) with ordinality as u(s, i),
-                           (select pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector as v) z
+              from (select public.binary_quantize(u.s operator(public.-) theta_vec) as bits, u.i
+                      from unnest(block_scores) with ordinality as u(s, i)
                     offset 0) q;  -- offset 0: quantize once, not once per use of q.bits
             if probe_count < need then
                 hi := theta;
