@@ -191,7 +191,9 @@ declare
     lo_bits varbit[];
     guess double precision;
     guessed boolean := false;
-    sample_scores public.vector[];
+    sample_stride integer;
+    j integer;
+    block_bits varbit;
     sample_scale double precision;
     lo_count bigint;
     hi_count bigint;
@@ -305,10 +307,11 @@ begin
 
     -- a first guess at theta from a sample of about 4 blocks (a quarter of the probing cost)
     if cardinality(block_scores) > 4 then
-        sample_scores := array(select u.s from unnest(block_scores) with ordinality as u(s, i)
-                                where (u.i - 1) % pg_catalog.ceil(cardinality(block_scores) / 4.0)::integer = 0
-                                order by u.i);
-        sample_scale := cardinality(block_scores)::float8 / cardinality(sample_scores);
+        -- probes here and below loop over the blocks in PL/pgSQL: simple expressions read the
+        -- array in place, where unnest() in a query copies every 64 kB vector
+        sample_stride := pg_catalog.ceil(cardinality(block_scores) / 4.0)::integer;
+        sample_scale := cardinality(block_scores)::float8
+                        / pg_catalog.ceil(cardinality(block_scores)::float8 / sample_stride);
         lo := 0;
         lo_count := n_chunks;
         slack := 2 * (search_lexical.match_count + 8);
@@ -317,13 +320,13 @@ begin
             guess := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need + slack))
                                     / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
             guess := least(greatest(guess, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
-            -- the threshold vector is built once here: inside the query it would be rebuilt
-            -- for every block (a nested loop rescans it)
             theta_vec := pg_catalog.array_fill(guess::real, array[state.block_size])::public.vector;
-            select sample_scale * coalesce(sum(pg_catalog.bit_count(public.binary_quantize(
-                       s operator(public.-) theta_vec))), 0)
-              into probe_count
-              from pg_catalog.unnest(sample_scores) as s;
+            probe_count := 0;
+            for j in 1..cardinality(block_scores) by sample_stride loop
+                probe_count := probe_count + pg_catalog.bit_count(
+                    public.binary_quantize(block_scores[j] operator(public.-) theta_vec));
+            end loop;
+            probe_count := pg_catalog.round(probe_count * sample_scale);
             if probe_count < 2 * need then
                 hi := guess;
                 hi_count := probe_count;
@@ -364,11 +367,13 @@ begin
             guess := null;
             -- the bits are kept: the accepted probe's bits are the candidates
             theta_vec := pg_catalog.array_fill(theta::real, array[state.block_size])::public.vector;
-            select coalesce(sum(pg_catalog.bit_count(q.bits)), 0), array_agg(q.bits order by q.i)
-              into probe_count, probe_bits
-              from (select public.binary_quantize(u.s operator(public.-) theta_vec) as bits, u.i
-                      from unnest(block_scores) with ordinality as u(s, i)
-                    offset 0) q;  -- offset 0: quantize once, not once per use of q.bits
+            probe_count := 0;
+            probe_bits := '{}';
+            for j in 1..cardinality(block_scores) loop
+                block_bits := public.binary_quantize(block_scores[j] operator(public.-) theta_vec);
+                probe_count := probe_count + pg_catalog.bit_count(block_bits);
+                probe_bits := probe_bits || block_bits;
+            end loop;
             if probe_count < need then
                 hi := theta;
                 hi_count := probe_count;
