@@ -354,14 +354,9 @@ def _writer(url: str) -> Iterator[psycopg.Connection[Any]]:
 
 
 def _refresh_lexical_index(conn: psycopg.Connection[Any]) -> None:
-    """Keep the lexical arm's impact cache fresh when the schema has one (speed, not exactness)."""
-    row = conn.execute(
-        "select exists (select 1 from pg_catalog.pg_proc where proname = 'refresh_lexical_index'"
-        " and pronamespace = 'kb'::regnamespace)"
-    ).fetchone()
-    if row and row[0]:
-        with conn.transaction():
-            conn.execute("select * from kb.refresh_lexical_index()")
+    """Keep the lexical arm's impact cache fresh (speed only: the arm is exact either way)."""
+    with conn.transaction():
+        conn.execute("select * from kb.refresh_lexical_index()")
 
 
 def refresh_edges(conn: psycopg.Connection[Any]) -> tuple[int, int]:
