@@ -70,3 +70,51 @@ end
 $$;
 comment on function kb.check_match_count(integer) is
     'Raise SQLSTATE 22023 unless 1 <= match_count <= 1000.';
+
+create or replace function kb.check_fusion_parameters(
+    rrf_k integer,
+    vector_weight double precision,
+    lexical_weight double precision,
+    graph_weight double precision
+)
+returns void
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+begin
+    if rrf_k is null or rrf_k < 0 then
+        raise exception 'rrf_k must be >= 0, got %', coalesce(rrf_k::text, 'NULL')
+            using errcode = '22023', hint = 'the usual constant is 60';
+    end if;
+    if vector_weight is null or vector_weight < 0
+       or lexical_weight is null or lexical_weight < 0
+       or graph_weight is null or graph_weight < 0 then
+        raise exception 'fusion weights must be >= 0 (vector %, lexical %, graph %)',
+                vector_weight, lexical_weight, graph_weight
+            using errcode = '22023', hint = 'use weight 0 to silence an arm';
+    end if;
+end
+$$;
+comment on function kb.check_fusion_parameters(integer, double precision, double precision, double precision) is
+    'Raise SQLSTATE 22023 unless rrf_k >= 0 and every fusion weight is >= 0.';
+
+create or replace function kb.check_max_per_doc(max_per_doc integer)
+returns void
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, kb, public
+as $$
+begin
+    if max_per_doc is not null and max_per_doc < 1 then
+        raise exception 'max_per_doc must be >= 1 (or NULL for no cap), got %', max_per_doc
+            using errcode = '22023', hint = 'the default keeps 3 chunks per document in front';
+    end if;
+end
+$$;
+comment on function kb.check_max_per_doc(integer) is
+    'Raise SQLSTATE 22023 unless max_per_doc is NULL (no cap) or >= 1.';

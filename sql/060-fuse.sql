@@ -25,17 +25,8 @@ set search_path = pg_catalog, kb, public
 as $$
 #variable_conflict use_column
 begin
-    if fuse_rrf.rrf_k is null or fuse_rrf.rrf_k < 0 then
-        raise exception 'rrf_k must be >= 0, got %', coalesce(fuse_rrf.rrf_k::text, 'NULL')
-            using errcode = '22023', hint = 'the usual constant is 60';
-    end if;
-    if fuse_rrf.vector_weight is null or fuse_rrf.vector_weight < 0
-       or fuse_rrf.lexical_weight is null or fuse_rrf.lexical_weight < 0
-       or fuse_rrf.graph_weight is null or fuse_rrf.graph_weight < 0 then
-        raise exception 'fusion weights must be >= 0 (vector %, lexical %, graph %)',
-                fuse_rrf.vector_weight, fuse_rrf.lexical_weight, fuse_rrf.graph_weight
-            using errcode = '22023', hint = 'use weight 0 to silence an arm';
-    end if;
+    perform kb.check_fusion_parameters(fuse_rrf.rrf_k, fuse_rrf.vector_weight,
+                                       fuse_rrf.lexical_weight, fuse_rrf.graph_weight);
     return query
     with hits as (
         select u.id, 'v' as arm, u.ord from pg_catalog.unnest(fuse_rrf.vector_ids) with ordinality u(id, ord)
@@ -82,10 +73,7 @@ set search_path = pg_catalog, kb, public
 as $$
 #variable_conflict use_column
 begin
-    if cap_per_document.max_per_doc is not null and cap_per_document.max_per_doc < 1 then
-        raise exception 'max_per_doc must be >= 1 (or NULL for no cap), got %', cap_per_document.max_per_doc
-            using errcode = '22023', hint = 'the default keeps 3 chunks per document in front';
-    end if;
+    perform kb.check_max_per_doc(cap_per_document.max_per_doc);
     if coalesce(cardinality(cap_per_document.chunk_ids), 0)
        <> coalesce(cardinality(cap_per_document.document_ids), 0) then
         raise exception 'chunk_ids and document_ids differ in length (% vs %)',

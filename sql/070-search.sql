@@ -70,21 +70,9 @@ begin
                 coalesce(search.fetch_multiplier::text, 'NULL')
             using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
     end if;
-    if search.vector_weight is null or search.vector_weight < 0
-       or search.lexical_weight is null or search.lexical_weight < 0
-       or search.graph_weight is null or search.graph_weight < 0 then
-        raise exception 'fusion weights must be >= 0 (vector %, lexical %, graph %)',
-                search.vector_weight, search.lexical_weight, search.graph_weight
-            using errcode = '22023', hint = 'use weight 0 to silence an arm';
-    end if;
-    if search.rrf_k is null or search.rrf_k < 0 then
-        raise exception 'rrf_k must be >= 0, got %', coalesce(search.rrf_k::text, 'NULL')
-            using errcode = '22023', hint = 'the usual constant is 60';
-    end if;
-    if search.max_per_doc is not null and search.max_per_doc < 1 then
-        raise exception 'max_per_doc must be >= 1 (or NULL for no cap), got %', search.max_per_doc
-            using errcode = '22023', hint = 'the default keeps 3 chunks per document in front';
-    end if;
+    perform kb.check_fusion_parameters(search.rrf_k, search.vector_weight,
+                                       search.lexical_weight, search.graph_weight);
+    perform kb.check_max_per_doc(search.max_per_doc);
     if not has_text and search.query_embedding is null then
         raise exception 'nothing to search: the query text is empty and no embedding was given'
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
