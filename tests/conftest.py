@@ -168,6 +168,18 @@ def cli_env(db_url: str, tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.fixture
+def kbpg_home() -> Iterator[Path]:
+    """A fresh KBPG_HOME for an embedded server of the test's own, stopped afterwards."""
+    from kbpg.server import EmbeddedServer
+
+    home = Path(tempfile.mkdtemp(prefix="kbpg-home-", dir="/tmp"))
+    home.chmod(0o755)  # reachable by the unprivileged server user when tests run as root
+    yield home
+    EmbeddedServer(home).stop()
+    shutil.rmtree(home, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def npl_dir() -> Path:
     """The NPL collection; absent -> skip locally, fail in CI (the only acceptable skip)."""

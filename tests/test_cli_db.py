@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import shutil
-import tempfile
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,16 +11,6 @@ from kbpg.server import EmbeddedServer
 from tests.helpers import clean_env, run_kbpg
 
 UNREACHABLE = "postgresql://postgres@/kbpg?host=/nonexistent-kbpg-socket-dir&port=5432"
-
-
-@pytest.fixture
-def kbpg_home() -> Iterator[Path]:
-    """A fresh KBPG_HOME for the embedded server; the server is stopped afterwards."""
-    home = Path(tempfile.mkdtemp(prefix="kbpg-home-", dir="/tmp"))
-    home.chmod(0o755)
-    yield home
-    EmbeddedServer(home).stop()
-    shutil.rmtree(home, ignore_errors=True)
 
 
 def test_version() -> None:

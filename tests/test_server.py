@@ -3,34 +3,21 @@
 from __future__ import annotations
 
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-import pytest
 
 from kbpg.config import default_home
 from kbpg.server import EmbeddedServer
 from tests.helpers import clean_env, run_kbpg
 
 
-@pytest.fixture
-def home() -> Iterator[Path]:
-    path = Path(tempfile.mkdtemp(prefix="kbpg-srv-", dir="/tmp"))
-    path.chmod(0o755)
-    yield path
-    EmbeddedServer(path).stop()
-    shutil.rmtree(path, ignore_errors=True)
-
-
-def test_start_is_idempotent_and_serves_pgvector(home: Path) -> None:
-    server = EmbeddedServer(home)
+def test_start_is_idempotent_and_serves_pgvector(kbpg_home: Path) -> None:
+    server = EmbeddedServer(kbpg_home)
     url = server.start()
     assert server.start() == url
     with psycopg.connect(url) as conn:
@@ -38,23 +25,23 @@ def test_start_is_idempotent_and_serves_pgvector(home: Path) -> None:
         assert conn.execute("select '[1,2]'::vector <=> '[2,4]'::vector").fetchone()[0] == 0
 
 
-def test_owner_killed_leaves_a_usable_server(home: Path) -> None:
+def test_owner_killed_leaves_a_usable_server(kbpg_home: Path) -> None:
     """SIGKILL the process that started the server: the next status still answers."""
     code = (
         "import sys, time; from pathlib import Path; from kbpg.server import EmbeddedServer;"
-        f"EmbeddedServer(Path({str(home)!r})).start(); print('up', flush=True); time.sleep(60)"
+        f"EmbeddedServer(Path({str(kbpg_home)!r})).start(); print('up', flush=True); time.sleep(60)"
     )
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
     assert owner.stdout is not None and owner.stdout.readline().strip() == "up"
     owner.send_signal(signal.SIGKILL)
     owner.wait()
-    result = run_kbpg("db", "status", env=clean_env(KBPG_HOME=str(home)), timeout=30)
+    result = run_kbpg("db", "status", env=clean_env(KBPG_HOME=str(kbpg_home)), timeout=30)
     assert result.returncode == 0
     assert "server: running" in result.stdout
 
 
-def test_killed_postmaster_is_cleaned_up_and_restartable(home: Path) -> None:
-    server = EmbeddedServer(home)
+def test_killed_postmaster_is_cleaned_up_and_restartable(kbpg_home: Path) -> None:
+    server = EmbeddedServer(kbpg_home)
     url = server.start()
     with psycopg.connect(url) as conn:
         conn.execute("select 1")
@@ -68,7 +55,7 @@ def test_killed_postmaster_is_cleaned_up_and_restartable(home: Path) -> None:
         except ProcessLookupError:
             break
         time.sleep(0.05)
-    env = clean_env(KBPG_HOME=str(home))
+    env = clean_env(KBPG_HOME=str(kbpg_home))
     status = run_kbpg("db", "status", env=env, timeout=30)
     assert status.returncode == 0
     assert f"cleaned up after dead server pid {pid}" in status.stdout
@@ -78,8 +65,8 @@ def test_killed_postmaster_is_cleaned_up_and_restartable(home: Path) -> None:
         assert conn.execute("select 1").fetchone() == (1,)
 
 
-def test_garbage_pid_file_does_not_block_start(home: Path) -> None:
-    server = EmbeddedServer(home)
+def test_garbage_pid_file_does_not_block_start(kbpg_home: Path) -> None:
+    server = EmbeddedServer(kbpg_home)
     server.start()
     server.stop()
     (server.pgdata / "postmaster.pid").write_text("not a pid file\n")
@@ -88,8 +75,8 @@ def test_garbage_pid_file_does_not_block_start(home: Path) -> None:
         assert conn.execute("select 1").fetchone() == (1,)
 
 
-def test_long_data_dir_moves_the_socket(home: Path) -> None:
-    deep = home / ("d" * 60) / ("e" * 60)
+def test_long_data_dir_moves_the_socket(kbpg_home: Path) -> None:
+    deep = kbpg_home / ("d" * 60) / ("e" * 60)
     deep.mkdir(parents=True)
     for path in (deep, deep.parent):
         path.chmod(0o755)
