@@ -9,13 +9,16 @@ import signal
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from kbpg import __version__
 from kbpg.config import CLI_DEFAULT_TOP, Settings
 from kbpg.errors import KbpgError
+
+if TYPE_CHECKING:
+    from kbpg.db import SchemaStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -184,6 +187,14 @@ def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
     os.execv(psql, [psql, url, *psql_args])
 
 
+def _schema_status(app: AppContext) -> SchemaStatus:
+    """The alembic revision of the database kbpg uses."""
+    from kbpg import db as kdb
+
+    with kdb.connect(app.url) as conn:
+        return kdb.schema_status(conn)
+
+
 @db.command("upgrade")
 @click.argument("revision", default="head")
 @pass_app
@@ -193,8 +204,7 @@ def db_upgrade(app: AppContext, revision: str) -> None:
     from kbpg import db as kdb
 
     kdb.upgrade(app.url, revision)
-    with kdb.connect(app.url) as conn:
-        status = kdb.schema_status(conn)
+    status = _schema_status(app)
     click.echo(f"schema at {status.current}" + (" (head)" if status.at_head else ""))
 
 
@@ -207,8 +217,7 @@ def db_downgrade(app: AppContext, revision: str) -> None:
     from kbpg import db as kdb
 
     kdb.downgrade(app.url, revision)
-    with kdb.connect(app.url) as conn:
-        status = kdb.schema_status(conn)
+    status = _schema_status(app)
     click.echo(f"schema at {status.current or 'base'}")
 
 
@@ -217,10 +226,8 @@ def db_downgrade(app: AppContext, revision: str) -> None:
 @handle_errors
 def db_current(app: AppContext) -> None:
     """Print the schema revision of the database (`none` when unmigrated)."""
-    from kbpg import db as kdb
 
-    with kdb.connect(app.url) as conn:
-        status = kdb.schema_status(conn)
+    status = _schema_status(app)
     click.echo(status.current or "none")
 
 
@@ -232,8 +239,7 @@ def db_check(app: AppContext) -> None:
     from kbpg import db as kdb
 
     with kdb.connect(app.url) as conn:
-        kdb.require_schema(conn)
-        status = kdb.schema_status(conn)
+        status = kdb.require_schema(conn)
     click.echo(f"schema at head ({status.head})")
 
 

@@ -162,8 +162,8 @@ def schema_status(conn: psycopg.Connection[Any]) -> SchemaStatus:
     return SchemaStatus(current=current, head=head_revision())
 
 
-def require_schema(conn: psycopg.Connection[Any]) -> None:
-    """Raise SchemaNotMigrated unless the database is at kbpg's head revision."""
+def require_schema(conn: psycopg.Connection[Any]) -> SchemaStatus:
+    """The schema status; SchemaNotMigrated unless the database is at kbpg's head revision."""
     status = schema_status(conn)
     if status.current is None:
         raise SchemaNotMigrated("this database has no kbpg schema", hint="run `kbpg db upgrade`")
@@ -172,6 +172,7 @@ def require_schema(conn: psycopg.Connection[Any]) -> None:
             f"kbpg schema is at {status.current}, this kbpg needs {status.head}",
             hint="run `kbpg db upgrade`",
         )
+    return status
 
 
 def _run_alembic(url: str, action: str, revision: str) -> None:
