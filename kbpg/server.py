@@ -35,6 +35,11 @@ SERVICE_USER = "kbpg-postgres"
 # sun_path is 108 bytes on Linux; keep a margin for the socket file name.
 _MAX_SOCKET_PATH = 100
 _START_TIMEOUT_S = 60
+# glibc keeps this much freed heap instead of returning it to the kernel at once. The search
+# functions allocate and free 64 kB vectors by the dozen per query; without the pad each
+# query page-faults them in again (measured at 200k chunks: the lexical arm 2.5 -> 2.2 ms,
+# the vector arm 1.1 -> 0.9 ms p50). A user's own setting in the environment wins.
+_SERVER_ENVIRONMENT = {"MALLOC_TOP_PAD_": str(16 * 1024 * 1024)}
 
 
 def _binaries_dir() -> Path:
@@ -216,7 +221,7 @@ class EmbeddedServer:
                 cwd=self.home,
                 check=False,
                 stdin=subprocess.DEVNULL,
-                env={**os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"},
+                env={**_SERVER_ENVIRONMENT, **os.environ, "LC_ALL": "C.UTF-8", "LANG": "C.UTF-8"},
             )
         except subprocess.TimeoutExpired:
             raise ServerError(
