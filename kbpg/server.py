@@ -65,6 +65,18 @@ class ServerStatus:
     note: str = ""
 
 
+def _shared_buffers_mb() -> int:
+    """A quarter of the machine's memory (PostgreSQL's usual advice), from 256 MB to 2 GB.
+
+    The HNSW index must stay in shared buffers: at 200k chunks it is 391 MB, and with 256 MB
+    of buffers a vector query on new text took 2.2 ms p50 instead of 1.0 ms. The buffers
+    themselves are touched only when used, but their descriptors are not: an idle server
+    holds about 20 MB per GB of buffers, hence the cap (run your own PostgreSQL beyond it).
+    """
+    quarter = psutil.virtual_memory().total // 4 // (1024 * 1024)
+    return int(min(max(quarter, 256), 2048))
+
+
 def _running_as_root() -> bool:
     return os.geteuid() == 0
 
@@ -278,7 +290,7 @@ class EmbeddedServer:
             "unix_socket_directories": f"'{socket_dir}'",
             "unix_socket_permissions": "0700" if not _running_as_root() else "0777",
             "max_connections": "100",
-            "shared_buffers": "'256MB'",
+            "shared_buffers": f"'{_shared_buffers_mb()}MB'",
             "maintenance_work_mem": "'1GB'",
             "work_mem": "'16MB'",
             "effective_cache_size": "'4GB'",

@@ -12,7 +12,7 @@ from pathlib import Path
 import psycopg
 
 from kbpg.config import default_home
-from kbpg.server import EmbeddedServer
+from kbpg.server import EmbeddedServer, _shared_buffers_mb
 from tests.helpers import clean_env, run_kbpg
 
 
@@ -23,6 +23,25 @@ def test_start_is_idempotent_and_serves_pgvector(kbpg_home: Path) -> None:
     with psycopg.connect(url) as conn:
         conn.execute("create extension if not exists vector")
         assert conn.execute("select '[1,2]'::vector <=> '[2,4]'::vector").fetchone()[0] == 0
+
+
+def test_server_is_sized_for_search(kbpg_home: Path) -> None:
+    """Shared buffers scale with the machine; backends keep freed memory (MALLOC_TOP_PAD_)."""
+    server = EmbeddedServer(kbpg_home)
+    url = server.start()
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select s.setting::bigint * current_setting('block_size')::bigint / 1048576"
+            " from pg_settings s where s.name = 'shared_buffers'"
+        ).fetchone()
+    assert row is not None
+    assert row[0] == _shared_buffers_mb()
+    assert 256 <= row[0] <= 2048
+    # the postmaster's: backends write their process titles over their environment block
+    postmaster = server.status().pid
+    environment = Path(f"/proc/{postmaster}/environ").read_bytes().split(b"\0")
+    expected = os.environ.get("MALLOC_TOP_PAD_", str(16 * 1024 * 1024))
+    assert f"MALLOC_TOP_PAD_={expected}".encode() in environment
 
 
 def test_owner_killed_leaves_a_usable_server(kbpg_home: Path) -> None:
