@@ -322,11 +322,13 @@ begin
     hi_start := hi;
     hi_count := 0;
 
-    -- a first guess at theta from a sample of about 4 blocks (a quarter of the probing cost)
-    if cardinality(block_scores) > 4 then
+    -- a first guess at theta from a sample of about 15% of the blocks (at least 2): at the
+    -- target count (2 x need) it expects a dozen hits, enough for a guess within ~30%
+    if cardinality(block_scores) > 3 then
         -- probes here and below loop over the blocks in PL/pgSQL: simple expressions read the
         -- array in place, where unnest() in a query copies every 64 kB vector
-        sample_stride := pg_catalog.ceil(cardinality(block_scores) / 4.0)::integer;
+        sample_stride := pg_catalog.ceil(cardinality(block_scores)::float8
+            / greatest(2, pg_catalog.ceil(0.15 * cardinality(block_scores))))::integer;
         sample_scale := cardinality(block_scores)::float8
                         / pg_catalog.ceil(cardinality(block_scores)::float8 / sample_stride);
         lo := 0;
