@@ -18,8 +18,9 @@
 --     sparsevec of weights idf0 * tf part (idf0, avgdl0: as of the block's refresh). The
 --     query's frequent terms' vectors are summed per block by pgvector's C arithmetic; a
 --     threshold theta is searched so a few times match_count cached scores exceed it
---     (binary_quantize + bit_count); the best 1.5 x (match_count + 8) of those by cached score
---     (theta then rises to the best one left out), every chunk holding one of the query's
+--     (binary_quantize + bit_count); the best of those by cached score (match_count + 2 on a
+--     fresh cache without filters, up to 1.5 x (match_count + 8) otherwise; theta then rises
+--     to the best one left out), every chunk holding one of the query's
 --     rare terms (read from GIN), chunks above the cache's watermark and chunks updated
 --     since (kb.lexical_pending) are rescored exactly.
 --   * exactness: with r = avgdl / avgdl0 and rho = max live idf / idf0 over the terms summed,
