@@ -69,7 +69,7 @@ def _shared_buffers_mb() -> int:
     """A quarter of the machine's memory (PostgreSQL's usual advice), from 256 MB to 2 GB.
 
     The HNSW index must stay in shared buffers: at 200k chunks it is 391 MB, and with 256 MB
-    of buffers a vector query on new text took 2.2 ms p50 instead of 1.0 ms. The buffers
+    of buffers a vector query on new text took 2.2-2.7 ms p50 instead of 1.2-1.3 ms. The buffers
     themselves are touched only when used, but their descriptors are not: an idle server
     holds about 20 MB per GB of buffers, hence the cap (run your own PostgreSQL beyond it).
     """
