@@ -40,6 +40,11 @@ _START_TIMEOUT_S = 60
 # query page-faults them in again (measured at 200k chunks: the lexical arm 2.5 -> 2.2 ms,
 # the vector arm 1.1 -> 0.9 ms p50). A user's own setting in the environment wins.
 _SERVER_ENVIRONMENT = {"MALLOC_TOP_PAD_": str(16 * 1024 * 1024)}
+# a container's memory limit, when it has one (its /proc/meminfo shows the host's memory)
+_CGROUP_MEMORY_LIMITS = (
+    Path("/sys/fs/cgroup/memory.max"),  # cgroup v2
+    Path("/sys/fs/cgroup/memory/memory.limit_in_bytes"),  # cgroup v1
+)
 
 
 def _binaries_dir() -> Path:
@@ -73,8 +78,18 @@ def _shared_buffers_mb() -> int:
     themselves are touched only when used, but their descriptors are not: an idle server
     holds about 20 MB per GB of buffers, hence the cap (run your own PostgreSQL beyond it).
     """
-    quarter = psutil.virtual_memory().total // 4 // (1024 * 1024)
+    quarter = _memory_bytes() // 4 // (1024 * 1024)
     return int(min(max(quarter, 256), 2048))
+
+
+def _memory_bytes() -> int:
+    """The machine's memory, or the container's limit when it is lower (a container sees
+    the host's total in /proc/meminfo, and buffers sized from it would get it OOM-killed)."""
+    total = int(psutil.virtual_memory().total)
+    for limit_file in _CGROUP_MEMORY_LIMITS:
+        with contextlib.suppress(OSError, ValueError):
+            total = min(total, int(limit_file.read_text().strip()))  # "max" -> ValueError
+    return total
 
 
 def _running_as_root() -> bool:

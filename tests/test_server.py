@@ -9,8 +9,11 @@ import sys
 import time
 from pathlib import Path
 
+import psutil
 import psycopg
+import pytest
 
+from kbpg import server as server_module
 from kbpg.config import default_home
 from kbpg.server import EmbeddedServer, _shared_buffers_mb
 from tests.helpers import clean_env, run_kbpg
@@ -42,6 +45,19 @@ def test_server_is_sized_for_search(kbpg_home: Path) -> None:
     environment = Path(f"/proc/{postmaster}/environ").read_bytes().split(b"\0")
     expected = os.environ.get("MALLOC_TOP_PAD_", str(16 * 1024 * 1024))
     assert f"MALLOC_TOP_PAD_={expected}".encode() in environment
+
+
+def test_shared_buffers_follow_a_container_memory_limit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(server_module, "_CGROUP_MEMORY_LIMITS", (limit,))
+    limit.write_text("max\n")  # no limit: the machine's memory decides
+    assert _shared_buffers_mb() == min(max(psutil.virtual_memory().total // 4 >> 20, 256), 2048)
+    limit.write_text(f"{2 * 1024**3}\n")  # 2 GB container: a quarter of it
+    assert _shared_buffers_mb() == 512
+    limit.write_text(f"{512 * 1024**2}\n")  # tiny container: the 256 MB floor
+    assert _shared_buffers_mb() == 256
 
 
 def test_owner_killed_leaves_a_usable_server(kbpg_home: Path) -> None:
