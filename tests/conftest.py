@@ -19,13 +19,16 @@ import tempfile
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 import pytest
 
 from kbpg import db as kdb
+
+if TYPE_CHECKING:
+    from kbpg.embedding import Embedder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NPL_DIR = Path(os.environ.get("KBPG_NPL_DIR", REPO_ROOT.parent / "shared" / "ir" / "npl"))
@@ -178,6 +181,15 @@ def kbpg_home() -> Iterator[Path]:
     yield home
     EmbeddedServer(home).stop()
     shutil.rmtree(home, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def embedder() -> Embedder:
+    """The offline default model (all-MiniLM-L6-v2, int8 ONNX), loaded once per session."""
+    from kbpg.config import Settings
+    from kbpg.embedding import get_embedder
+
+    return get_embedder(Settings.from_env(), "minilm")
 
 
 @pytest.fixture(scope="session")

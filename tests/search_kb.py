@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from kbpg import db as kdb
-from kbpg.config import Settings
-from kbpg.embedding import Embedder, get_embedder
+from kbpg.embedding import Embedder
 from tests.conftest import TEMPLATE_DB, create_database, drop_database
 from tests.helpers import clean_env
 
@@ -162,11 +161,6 @@ def load_kb(url: str, embedder: Embedder, docs: list[Doc] = DOCS) -> None:
 def env_for(url: str, home: Path, **extra: str) -> dict[str, str]:
     """A clean environment for running `kbpg` against `url`."""
     return clean_env(KBPG_DATABASE_URL=url, KBPG_HOME=str(home), **extra)
-
-
-@pytest.fixture(scope="session")
-def embedder() -> Embedder:
-    return get_embedder(Settings.from_env())
 
 
 @pytest.fixture(scope="module")

@@ -24,8 +24,7 @@ from tests.helpers import run_kbpg
 
 
 @pytest.fixture(scope="module")
-def minilm() -> MiniLMEmbedder:
-    embedder = get_embedder(Settings.from_env(), "minilm")
+def minilm(embedder: Embedder) -> MiniLMEmbedder:
     assert isinstance(embedder, MiniLMEmbedder)
     return embedder
 

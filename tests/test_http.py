@@ -19,7 +19,6 @@ from tests.conftest import drop_database
 from tests.helpers import KBPG, run_kbpg
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
-    embedder,
     env_for,
     kb_url,
     load_kb,
@@ -242,7 +241,7 @@ def test_binds_loopback_by_default(api: httpx.Client) -> None:
 def test_database_gone_is_503(
     new_database: Callable[..., str],
     admin_url: str,
-    embedder: Embedder,  # noqa: F811
+    embedder: Embedder,
     tmp_path: Path,
 ) -> None:
     url = new_database()

@@ -15,8 +15,7 @@ import pytest
 
 from kbpg import db as kdb
 from kbpg.chunking import chunk_sections
-from kbpg.config import Settings
-from kbpg.embedding import Embedder, OpenAIEmbedder, get_embedder
+from kbpg.embedding import Embedder, OpenAIEmbedder
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.ingest import (
     MAX_ENTITY_DOCUMENTS,
@@ -30,11 +29,6 @@ from kbpg.loaders import iter_file
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import KBPG, run_kbpg
 from tests.test_ingest_loaders import long_text, make_pdf
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Embedder:
-    return get_embedder(Settings.from_env(), "minilm")
 
 
 def write(path: Path, text: str) -> Path:

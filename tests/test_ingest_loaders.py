@@ -7,18 +7,10 @@ import json
 import re
 from pathlib import Path
 
-import pytest
-
 from kbpg.chunking import Section, chunk_sections
-from kbpg.config import Settings
-from kbpg.embedding import Embedder, get_embedder
+from kbpg.embedding import Embedder
 from kbpg.ingest import extract_entities
 from kbpg.loaders import Document, LoadFailure, iter_file
-
-
-@pytest.fixture(scope="module")
-def embedder() -> Embedder:
-    return get_embedder(Settings.from_env(), "minilm")
 
 
 def make_pdf(path: Path, pages: list[str], title: str | None = None) -> Path:

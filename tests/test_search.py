@@ -17,7 +17,6 @@ from kbpg.errors import EmbeddingSpaceMismatch, InvalidInput, SchemaNotMigrated
 from kbpg.search import Chunk, SearchResult, Source, build_context
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
-    embedder,
     kb_url,
     set_foreign_space,
 )
@@ -151,12 +150,12 @@ def test_top_must_be_positive(retriever: Retriever, top: int) -> None:
         retriever.search("permit", top=top)
 
 
-def test_empty_knowledge_base_has_no_hits(db_url: str, embedder: Embedder) -> None:  # noqa: F811
+def test_empty_knowledge_base_has_no_hits(db_url: str, embedder: Embedder) -> None:
     with Retriever(db_url, embedder, settings=settings_for(db_url), pool_size=1) as r:
         assert r.search("renew parking permit").chunks == ()
 
 
-def test_other_model_is_refused(db_url: str, embedder: Embedder) -> None:  # noqa: F811
+def test_other_model_is_refused(db_url: str, embedder: Embedder) -> None:
     set_foreign_space(db_url, "text-embedding-3-small", 1536)
     retriever = Retriever(db_url, embedder, settings=settings_for(db_url), pool_size=1)
     with retriever, pytest.raises(EmbeddingSpaceMismatch) as info:
@@ -165,7 +164,7 @@ def test_other_model_is_refused(db_url: str, embedder: Embedder) -> None:  # noq
     assert info.value.hint and "kbpg reembed" in info.value.hint
 
 
-def test_unmigrated_database(new_database: Callable[..., str], embedder: Embedder) -> None:  # noqa: F811
+def test_unmigrated_database(new_database: Callable[..., str], embedder: Embedder) -> None:
     url = new_database(migrated=False)
     with Retriever(url, embedder, settings=settings_for(url), pool_size=1) as r:
         with pytest.raises(SchemaNotMigrated) as info:

@@ -15,7 +15,6 @@ from kbpg.cli import main
 from tests.helpers import KBPG, run_kbpg
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
-    embedder,
     env_for,
     kb_env,
     kb_url,
