@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import fnmatch
 import hashlib
 import itertools
 import json
@@ -11,7 +10,7 @@ import os
 import re
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,8 @@ from kbpg import db as kdb
 from kbpg.chunking import SECTION_SEPARATOR, Chunk, chunk_sections, embed_text, heading_prefix
 from kbpg.embedding import Embedder
 from kbpg.errors import IngestError, InvalidInput
-from kbpg.loaders import SUPPORTED_SUFFIXES, Document, LoadFailure, iter_file
+from kbpg.loaders import Document, LoadFailure
+from kbpg.sources import iter_documents
 
 __all__ = [
     "Document",
@@ -636,51 +636,6 @@ def ingest_documents(
         return run.finish()
 
 
-# -- files ------------------------------------------------------------------------------------
-
-
-def discover(
-    paths: Sequence[Path], *, recursive: bool = False, glob: str | None = None
-) -> Iterator[Path | LoadFailure]:
-    """Files to ingest, in a stable order: given files as they are, directories scanned."""
-    for path in paths:
-        if not path.exists():
-            yield LoadFailure(str(path), "no such file or directory")
-            continue
-        if path.is_file():
-            yield path
-            continue
-        pattern = "**/*" if recursive else "*"
-        for found in sorted(path.glob(pattern)):
-            relative = found.relative_to(path)
-            if any(part.startswith(".") for part in relative.parts):
-                continue
-            if not found.is_file() or found.suffix.lower() not in SUPPORTED_SUFFIXES:
-                continue
-            if glob and not (
-                fnmatch.fnmatch(found.name, glob) or fnmatch.fnmatch(str(relative), glob)
-            ):
-                continue
-            yield found
-
-
-def _with_defaults(
-    document: Document,
-    groups: Sequence[str],
-    category: str | None,
-    labels: Sequence[str],
-) -> Document:
-    """Command-line groups and labels add to a file's own; its category wins over --category."""
-    if not groups and category is None and not labels:
-        return document
-    return replace(
-        document,
-        groups=tuple(dict.fromkeys([*document.groups, *groups])),
-        labels=tuple(dict.fromkeys([*document.labels, *labels])),
-        category=document.category or category,
-    )
-
-
 def ingest_paths(
     url: str,
     paths: Sequence[str | os.PathLike[str]],
@@ -701,20 +656,19 @@ def ingest_paths(
     if not roots:
         raise InvalidInput("nothing to ingest", hint="give files or directories")
 
-    def items() -> Iterator[Document | LoadFailure]:
-        for found in discover(roots, recursive=recursive, glob=glob):
-            if isinstance(found, LoadFailure):
-                yield found
-                continue
-            for item in iter_file(found):
-                if isinstance(item, Document):
-                    item = _with_defaults(item, groups, category, labels)
-                yield item
-
     with _writer(url) as conn:
         _register_space(conn, embedder)
         run = _Run(conn, embedder, progress, batch_documents)
-        run.run(items())
+        run.run(
+            iter_documents(
+                roots,
+                recursive=recursive,
+                glob=glob,
+                groups=groups,
+                category=category,
+                labels=labels,
+            )
+        )
         if prune:
             scopes = [str(r.resolve()) for r in roots if r.exists()]
             gone = []

@@ -495,7 +495,7 @@ def test_cli_ingest_reports_broken_file_and_exits_1(
 
 
 def test_discover_recursive_and_glob(tmp_path: Path) -> None:
-    from kbpg.ingest import discover
+    from kbpg.sources import discover
 
     write(tmp_path / "a.md", "a")
     write(tmp_path / "b.txt", "b")
