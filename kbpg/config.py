@@ -25,16 +25,27 @@ def _env_bool(name: str, default: bool) -> bool:
 
 
 def _env_int(name: str, default: int, minimum: int = 1) -> int:
+    value = _env_number(name, default, int, "an integer")
+    if value < minimum:
+        raise ConfigError(f"{name}={value} must be at least {minimum}")
+    return int(value)
+
+
+def _env_float(name: str, default: float) -> float:
+    value = _env_number(name, default, float, "a number")
+    if not value > 0:
+        raise ConfigError(f"{name}={value} must be positive")
+    return value
+
+
+def _env_number(name: str, default: float, parse: type[float] | type[int], kind: str) -> float:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
     try:
-        value = int(raw)
+        return parse(raw)
     except ValueError:
-        raise ConfigError(f"{name}={raw!r} is not an integer") from None
-    if value < minimum:
-        raise ConfigError(f"{name}={value} must be at least {minimum}")
-    return value
+        raise ConfigError(f"{name}={raw!r} is not {kind}") from None
 
 
 def default_home() -> Path:
@@ -61,6 +72,7 @@ class Settings:
     openai_model: str
     openai_api_key: str | None = field(repr=False)
     api_token: str | None = field(repr=False)
+    models: ModelSettings = field(default_factory=lambda: ModelSettings())
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -76,4 +88,51 @@ class Settings:
             openai_api_key=os.environ.get("KBPG_OPENAI_API_KEY")
             or os.environ.get("OPENAI_API_KEY"),
             api_token=os.environ.get("KBPG_API_TOKEN") or None,
+            models=ModelSettings.from_env(),
+        )
+
+
+RERANKERS = ("none", "api", "tei", "llm")
+
+
+@dataclass(frozen=True)
+class ModelSettings:
+    """The optional model stages: reranker, chat model (LLM reranking, query expansion)."""
+
+    rerank: str = "none"
+    rerank_url: str = ""
+    rerank_model: str = ""
+    rerank_api_key: str | None = field(default=None, repr=False)
+    rerank_timeout_s: float = 10.0
+    rerank_initial_k: int = 20
+    rerank_max_chars: int = 2000
+    chat_base_url: str = ""
+    chat_model: str = ""
+    chat_api_key: str | None = field(default=None, repr=False)
+    chat_timeout_s: float = 30.0
+    connect_timeout_s: float = 3.0
+    retries: int = 1
+
+    @classmethod
+    def from_env(cls) -> ModelSettings:
+        rerank = os.environ.get("KBPG_RERANK", "none").strip().lower() or "none"
+        if rerank not in RERANKERS:
+            raise ConfigError(
+                f"KBPG_RERANK={rerank!r} is not a reranker",
+                hint=f"use one of {', '.join(RERANKERS)}",
+            )
+        return cls(
+            rerank=rerank,
+            rerank_url=os.environ.get("KBPG_RERANK_URL", "").strip(),
+            rerank_model=os.environ.get("KBPG_RERANK_MODEL", "").strip(),
+            rerank_api_key=os.environ.get("KBPG_RERANK_API_KEY") or None,
+            rerank_timeout_s=_env_float("KBPG_RERANK_TIMEOUT", 10.0),
+            rerank_initial_k=_env_int("KBPG_RERANK_INITIAL_K", 20),
+            rerank_max_chars=_env_int("KBPG_RERANK_MAX_CHARS", 2000, minimum=100),
+            chat_base_url=os.environ.get("KBPG_CHAT_BASE_URL", "").strip(),
+            chat_model=os.environ.get("KBPG_CHAT_MODEL", "").strip(),
+            chat_api_key=os.environ.get("KBPG_CHAT_API_KEY") or None,
+            chat_timeout_s=_env_float("KBPG_CHAT_TIMEOUT", 30.0),
+            connect_timeout_s=_env_float("KBPG_MODEL_CONNECT_TIMEOUT", 3.0),
+            retries=_env_int("KBPG_MODEL_RETRIES", 1, minimum=0),
         )

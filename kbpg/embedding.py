@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import threading
-import time
 from collections.abc import Sequence
 from functools import cached_property
 from pathlib import Path
@@ -210,16 +209,29 @@ class OpenAIEmbedder(_WordPieceCounter):
             raise ConfigError("KBPG_OPENAI_BASE_URL is empty", hint="e.g. http://localhost:8080/v1")
         if not model:
             raise ConfigError("KBPG_OPENAI_MODEL is empty")
-        self.base_url = base_url.rstrip("/")
+        from kbpg.models.transport import ModelHTTP
+
+        self.http = ModelHTTP(
+            base_url,
+            api_key=api_key,
+            what="embedding server",
+            timeout_s=timeout_s,
+            retries=retries,
+            backoff_s=backoff_s,
+            error=EmbeddingError,
+            hint_unreachable="is the server running? check KBPG_OPENAI_BASE_URL, or use "
+            "--embedder minilm",
+            hint_refused="check KBPG_OPENAI_MODEL and KBPG_OPENAI_API_KEY",
+        )
+        self.base_url = self.http.base_url
         self._model = model
-        self._api_key = api_key
         self.batch_size = batch_size
         self._max_tokens = max_tokens
-        self.retries = retries
-        self.backoff_s = backoff_s
-        self.timeout_s = timeout_s
         self._dimension = dimension
-        self.requests_made = 0
+
+    @property
+    def requests_made(self) -> int:
+        return self.http.requests_made
 
     @property
     def model_name(self) -> str:
@@ -236,57 +248,21 @@ class OpenAIEmbedder(_WordPieceCounter):
             self._dimension = int(self._request(["dimension probe"]).shape[1])
         return self._dimension
 
-    @cached_property
-    def _client(self) -> Any:
-        import httpx
-
-        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
-        return httpx.Client(base_url=self.base_url, headers=headers, timeout=self.timeout_s)
-
     def _request(self, texts: list[str]) -> FloatArray:
-        import httpx
-
-        url = f"{self.base_url}/embeddings"
-        last: str = ""
-        for attempt in range(self.retries + 1):
-            if attempt:
-                time.sleep(self.backoff_s * 2 ** (attempt - 1))
-            self.requests_made += 1
-            try:
-                response = self._client.post(
-                    "/embeddings", json={"model": self._model, "input": texts}
-                )
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {exc}"
-                continue
-            if response.status_code == 429 or response.status_code >= 500:
-                last = f"HTTP {response.status_code}: {response.text[:200]}"
-                retry_after = response.headers.get("retry-after", "")
-                if retry_after.replace(".", "", 1).isdigit():
-                    time.sleep(min(float(retry_after), 30.0))
-                continue
-            if response.status_code >= 400:
-                raise EmbeddingError(
-                    f"embedding server {url} refused the request: HTTP "
-                    f"{response.status_code}: {response.text[:300]}",
-                    hint="check KBPG_OPENAI_MODEL and KBPG_OPENAI_API_KEY",
-                )
-            try:
-                data = sorted(response.json()["data"], key=lambda item: item["index"])
-                vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
-            except (ValueError, KeyError, TypeError) as exc:
-                raise EmbeddingError(
-                    f"embedding server {url} sent an unexpected response: {exc}"
-                ) from exc
-            if vectors.ndim != 2 or len(vectors) != len(texts):
-                raise EmbeddingError(
-                    f"embedding server {url} returned {len(vectors)} vectors for {len(texts)} texts"
-                )
-            return l2_normalise(vectors)
-        raise EmbeddingError(
-            f"embedding server {url} failed after {self.retries + 1} attempts ({last})",
-            hint="is the server running? check KBPG_OPENAI_BASE_URL, or use --embedder minilm",
-        )
+        url = self.http.url("embeddings")
+        answer = self.http.post_json("embeddings", {"model": self._model, "input": texts})
+        try:
+            data = sorted(answer["data"], key=lambda item: item["index"])
+            vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
+        except (ValueError, KeyError, TypeError) as exc:
+            raise EmbeddingError(
+                f"embedding server {url} sent an unexpected response: {exc}"
+            ) from exc
+        if vectors.ndim != 2 or len(vectors) != len(texts):
+            raise EmbeddingError(
+                f"embedding server {url} returned {len(vectors)} vectors for {len(texts)} texts"
+            )
+        return l2_normalise(vectors)
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
         if not texts:

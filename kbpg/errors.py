@@ -38,7 +38,11 @@ class EmbeddingSpaceMismatch(KbpgError):
     """Vectors from another model or dimension than the database's embedding space."""
 
 
-class EmbeddingError(KbpgError):
+class ModelError(KbpgError):
+    """A model server (embedding, reranker, chat) failed, timed out or answered nonsense."""
+
+
+class EmbeddingError(ModelError):
     """The embedding model or server failed."""
 
 
