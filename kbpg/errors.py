@@ -38,6 +38,10 @@ class EmbeddingSpaceMismatch(KbpgError):
     """Vectors from another model or dimension than the database's embedding space."""
 
 
+class QueryTooLarge(InvalidInput):
+    """A query over kbpg's documented cost bound (SQLSTATE KB003)."""
+
+
 class ModelError(KbpgError):
     """A model server (embedding, reranker, chat) failed, timed out or answered nonsense."""
 
@@ -52,6 +56,13 @@ class IngestError(KbpgError):
 
 # SQLSTATE classes / codes that mean "the schema is not there".
 _UNDEFINED_OBJECT_STATES = {"3F000", "42P01", "42883", "42704"}
+
+# kbpg's own conditions (class KB), raised by the sql/ functions with a hint.
+_KB_STATES: dict[str, type[KbpgError]] = {
+    "KB001": EmbeddingSpaceMismatch,  # query or model vectors of another embedding space
+    "KB002": EmbeddingSpaceMismatch,  # no embedding space recorded yet (no vectors)
+    "KB003": QueryTooLarge,  # over the documented query cost bound
+}
 
 
 def from_psycopg(exc: psycopg.Error) -> KbpgError:
@@ -70,8 +81,8 @@ def from_psycopg(exc: psycopg.Error) -> KbpgError:
         return DatabaseUnavailable(f"database unavailable: {message}", hint=hint)
     if state in _UNDEFINED_OBJECT_STATES and ("kb." in message or '"kb"' in message):
         return SchemaNotMigrated(f"kbpg schema missing: {message}", hint="run `kbpg db upgrade`")
-    if state == "22023" and "embedding space" in message:
-        return EmbeddingSpaceMismatch(message, hint=hint)
+    if state in _KB_STATES:
+        return _KB_STATES[state](message, hint=hint)
     if state.startswith("22") or state in {"42704", "23514"}:
         return InvalidInput(message, hint=hint)
     return KbpgError(message, hint=hint)

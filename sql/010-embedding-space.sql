@@ -27,7 +27,7 @@ begin
         end if;
         raise exception 'embedding space mismatch: this knowledge base holds % vectors (%-d), not % (%-d)',
                 existing.model, existing.dimension, model_name, vector_dimension
-            using errcode = '22023',
+            using errcode = 'KB001',
                   hint = format('use the %s embedder, or run `kbpg reembed` to rebuild every vector with %s',
                                 existing.model, model_name);
     end if;
@@ -40,7 +40,7 @@ end
 $$;
 comment on function kb.set_embedding_space(text, integer) is
     'Record the embedding model and dimension on first ingest (typing kb.chunks.embedding and '
-    'creating its HNSW index); refuse another model with SQLSTATE 22023.';
+    'creating its HNSW index); refuse another model with SQLSTATE KB001.';
 
 create or replace function kb.reset_embedding_space(model_name text, vector_dimension integer)
 returns void
@@ -83,15 +83,16 @@ begin
     select dimension into space_dimension from kb.embedding_space;
     if space_dimension is null then
         raise exception 'embedding space not set: no vectors have been ingested yet'
-            using errcode = '22023', hint = 'ingest documents first, or pass a NULL embedding';
+            using errcode = 'KB002', hint = 'ingest documents first, or pass a NULL embedding';
     end if;
     if public.vector_dims(query_embedding) <> space_dimension then
         raise exception 'embedding space mismatch: query vector has % dimensions, the knowledge base holds %-d vectors',
                 public.vector_dims(query_embedding), space_dimension
-            using errcode = '22023',
+            using errcode = 'KB001',
                   hint = 'embed the query with the model recorded in kb.embedding_space';
     end if;
 end
 $$;
 comment on function kb.check_query_embedding(public.vector) is
-    'Raise SQLSTATE 22023 unless the query vector matches the embedding space.';
+    'Raise SQLSTATE KB002 when no embedding space is set, KB001 when the query vector''s '
+    'dimension differs from it.';

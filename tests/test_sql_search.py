@@ -178,7 +178,6 @@ def test_match_count_and_pool(conn, kb):
         ("permit", [1, 0, 0], {"max_per_doc": 0}),
         ("permit", [1, 0, 0], {"min_similarity": 2}),
         ("permit", [1, 0, 0], {"use_graph": True, "graph_max_depth": 0}),
-        ("permit", [1, 0], {}),
         ("", None, {}),
         ("   ", None, {}),
         (None, None, {}),
@@ -187,6 +186,13 @@ def test_match_count_and_pool(conn, kb):
 def test_bad_input_raises_22023_with_hint(conn, kb, text, embedding, kw):
     with raises_sqlstate(conn, "22023") as info:
         search(conn, text, embedding, **kw)
+    assert info.value.diag.message_hint
+
+
+def test_wrong_dimension_raises_kb001_with_hint(conn, kb):
+    with raises_sqlstate(conn, "KB001") as info:
+        search(conn, "permit", [1, 0])
+    assert "embedding space mismatch" in info.value.diag.message_primary
     assert info.value.diag.message_hint
 
 

@@ -51,7 +51,7 @@ def test_null_embedding_returns_nothing(conn, space3):
 
 
 def test_errors(conn, space3):
-    with raises_sqlstate(conn, "22023") as wrong_dim:
+    with raises_sqlstate(conn, "KB001") as wrong_dim:
         vector_search(conn, [1, 0])
     assert wrong_dim.value.diag.message_hint
     for k in (0, 1001):
@@ -62,8 +62,9 @@ def test_errors(conn, space3):
 
 
 def test_no_embedding_space_is_an_error(conn):
-    with raises_sqlstate(conn, "22023"):
+    with raises_sqlstate(conn, "KB002") as info:
         vector_search(conn, [1, 0, 0])
+    assert info.value.diag.message_hint
 
 
 @pytest.fixture
@@ -135,3 +136,10 @@ def test_pool_larger_than_default_ef_search_is_not_truncated(conn, random_corpus
     assert len(set(ids(rows)) & set(expected)) >= 76
     # the function's knobs do not leak into the session
     assert conn.execute("select current_setting('hnsw.ef_search')").fetchone() == before
+
+
+def test_another_model_is_refused_with_kb001(conn, space3):
+    with raises_sqlstate(conn, "KB001") as info:
+        conn.execute("select kb.set_embedding_space('other-model', 3)")
+    assert "kbpg reembed" in info.value.diag.message_hint
+    conn.execute("select kb.set_embedding_space('test-model', 3)")  # the same space: no-op
