@@ -109,12 +109,16 @@ def drop_database(admin_url: str, name: str) -> None:
 
 
 @pytest.fixture(scope="session")
-def template_url(admin_url: str) -> str:
-    """A database migrated to head, used as the template of every test database."""
+def template_url(admin_url: str) -> Iterator[str]:
+    """A database migrated to head, used as the template of every test database; dropped at
+    the end of the session (and at its start, after a run that was killed)."""
     drop_database(admin_url, TEMPLATE_DB)
     url = create_database(admin_url, TEMPLATE_DB)
-    kdb.upgrade(url)
-    return url
+    try:
+        kdb.upgrade(url)
+        yield url
+    finally:
+        drop_database(admin_url, TEMPLATE_DB)
 
 
 @pytest.fixture
