@@ -8,7 +8,14 @@
 -- hits the vector order stands and score is the cosine similarity. A lexical arm that fails
 -- leaves the vector arm alone, with a NOTICE. similarity is the cosine similarity of every
 -- returned chunk when an embedding is given (also of chunks only other arms found), else NULL;
--- vector_rank / lexical_rank / graph_rank are each arm's rank (from 1), NULL where it missed.
+-- vector_rank / lexical_rank / graph_rank are each arm's rank (from 1), NULL where it missed;
+-- fused_rank is the rank after fusion, before the per-document cap.
+-- extra_embeddings (query expansion: paraphrases of the question) join the vector arm, which
+-- ranks each chunk by its best similarity to any query embedding; similarity is that best one.
+-- rerank_pool => N returns the fused pool for an external reranker instead: each arm fetches
+-- greatest(N, match_count) candidates and every fused chunk comes back in fused order, neither
+-- capped per document nor cut; the caller reranks them and then applies
+-- kb.cap_per_document and the cut to match_count itself.
 
 create or replace function kb.search(
     query_text text,
@@ -28,7 +35,9 @@ create or replace function kb.search(
     use_graph boolean default false,
     graph_max_depth integer default 1,
     graph_max_returned integer default 3,
-    graph_min_score double precision default 0.5
+    graph_min_score double precision default 0.5,
+    extra_embeddings public.vector[] default null,
+    rerank_pool integer default null
 )
 returns table (
     rank integer,
@@ -42,7 +51,8 @@ returns table (
     similarity double precision,
     vector_rank integer,
     lexical_rank integer,
-    graph_rank integer
+    graph_rank integer,
+    fused_rank integer
 )
 language plpgsql
 stable
@@ -63,6 +73,7 @@ declare
     fused_lexical_ranks integer[];
     fused_graph_ranks integer[];
     vector_only boolean;
+    embeddings public.vector[];
 begin
     perform kb.check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -78,12 +89,19 @@ begin
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
     end if;
     perform kb.check_query_embedding(search.query_embedding);
-    pool := least(search.match_count * search.fetch_multiplier, 1000);
+    if search.rerank_pool is not null and search.rerank_pool not between 1 and 1000 then
+        raise exception 'rerank_pool must be between 1 and 1000, got %', search.rerank_pool
+            using errcode = '22023', hint = 'each arm fetches greatest(rerank_pool, match_count) candidates for a reranker; 20 is usual';
+    end if;
+    pool := case when search.rerank_pool is null
+                 then least(search.match_count * search.fetch_multiplier, 1000)
+                 else greatest(search.rerank_pool, search.match_count) end;
+    embeddings := pg_catalog.array_prepend(search.query_embedding, search.extra_embeddings);
 
-    if search.query_embedding is not null then
+    if search.query_embedding is not null or search.extra_embeddings is not null then
         select coalesce(array_agg(v.chunk_id order by v.rank), '{}') into vector_ids
           from kb.search_vector(search.query_embedding, pool, search.groups, search.category,
-                                search.labels, search.min_similarity) v;
+                                search.labels, search.min_similarity, search.extra_embeddings) v;
     end if;
 
     if search.use_lexical and has_text then
@@ -121,19 +139,24 @@ begin
 
     return query
     select p.rank, c.id, c.document_id, d.source, d.title, c.section, c.content,
-           case when vector_only then 1 - (c.embedding operator(public.<=>) search.query_embedding)
-                else fused_scores[p.input_rank] end,
-           1 - (c.embedding operator(public.<=>) search.query_embedding),
+           case when vector_only then b.similarity else fused_scores[p.input_rank] end,
+           b.similarity,
            fused_vector_ranks[p.input_rank], fused_lexical_ranks[p.input_rank],
-           fused_graph_ranks[p.input_rank]
-      from kb.cap_per_document(fused_ids, fused_docs, search.max_per_doc) p
+           fused_graph_ranks[p.input_rank], p.input_rank
+      from kb.cap_per_document(fused_ids, fused_docs,
+                               case when search.rerank_pool is null then search.max_per_doc end) p
       join kb.chunks c on c.id = p.chunk_id
       join kb.documents d on d.id = c.document_id
-     where p.rank <= search.match_count
+      cross join lateral (
+          select pg_catalog.max(1 - (c.embedding operator(public.<=>) q.e)) as similarity
+            from pg_catalog.unnest(embeddings) q(e)) b
+     where search.rerank_pool is not null or p.rank <= search.match_count
      order by p.rank;
 end
 $$;
-comment on function kb.search(text, public.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision) is
+comment on function kb.search(text, public.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, public.vector[], integer) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. NULL '
-    'embedding: lexical (+ graph) only. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';
+    'embedding: lexical (+ graph) only. extra_embeddings: more query vectors for the vector '
+    'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '
+    'uncapped and uncut, for a reranker. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';

@@ -26,7 +26,7 @@ EXPECTED_VOLATILITY = {
     "kb.chunk_filter_sql(text,text,text,text,text[],text,text[])": "i",
     "kb.chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",
     "kb.check_match_count(integer)": "i",
-    "kb.search_vector(vector,integer,text[],text,text[],double precision)": "s",
+    "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[])": "s",
     "kb.tsquery_lexemes(text)": "i",
     "kb.lexemes_tsquery(text[])": "i",
     "kb.query_terms(text)": "i",
@@ -40,7 +40,7 @@ EXPECTED_VOLATILITY = {
     "kb.cap_per_document(bigint[],bigint[],integer)": "i",
     "kb.search(text,vector,integer,text[],text,text[],double precision,integer,integer,integer,"
     "double precision,double precision,double precision,boolean,boolean,integer,integer,"
-    "double precision)": "s",
+    "double precision,vector[],integer)": "s",
 }
 
 WRITES = re.compile(
@@ -102,7 +102,7 @@ def test_volatility_is_honest(functions, kb_tables):
 
 def test_search_functions_set_the_pgvector_knobs(functions):
     config = {row[0]: row[5] for row in functions}
-    vector_arm = config["kb.search_vector(vector,integer,text[],text,text[],double precision)"]
+    vector_arm = config["kb.search_vector(vector,integer,text[],text,text[],double precision,vector[])"]
     assert "hnsw.iterative_scan=relaxed_order" in vector_arm
     assert any(c.startswith("hnsw.ef_search=") for c in vector_arm)
 

@@ -22,6 +22,7 @@ COLUMNS = [
     "vector_rank",
     "lexical_rank",
     "graph_rank",
+    "fused_rank",
 ]
 
 
