@@ -104,20 +104,18 @@ def test_search_with_extra_embeddings_through_psql(conn, space):
 
 
 def test_extra_embedding_errors(conn, space):
+    one = [vec([1, 0, 0])]
     cases = [
-        (
-            "select * from kb.search_vector(null, 5, extra_embeddings => array[%s::vector])",
-            [vec([1, 0, 0])],
-        ),
+        ("select * from kb.search_vector(null, 5, extra_embeddings => array[%s::vector])", "22023"),
         (
             "select * from kb.search_vector(%s::vector, 5, extra_embeddings => array[null::vector])",
-            [vec([1, 0, 0])],
+            "22023",
         ),
         (
             "select * from kb.search('alpha', %s::vector, extra_embeddings => array['[1,0]'::vector])",
-            [vec([1, 0, 0])],
+            "KB001",
         ),
     ]
-    for statement, params in cases:
-        with raises_sqlstate(conn, "22023"):
-            conn.execute(statement, params)
+    for statement, sqlstate in cases:
+        with raises_sqlstate(conn, sqlstate):
+            conn.execute(statement, one)
