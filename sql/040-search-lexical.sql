@@ -212,6 +212,11 @@ declare
     ranked_ids bigint[];
     ranked_docs bigint[];
     ranked_scores double precision[];
+    -- under row-level security (kb.access_enable) GIN cannot serve `tsv @@ q` (the operator is
+    -- not leakproof, so the planner filters after the policy: a scan of every chunk): rare
+    -- terms and small queries go through the impact cache too, whose rows are split by
+    -- visibility class, so its sums hold only the chunks this role may read
+    rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
 begin
     perform kb.check_match_count(search_lexical.match_count);
     select * into qt from kb.query_terms(search_lexical.query_text);
@@ -237,8 +242,9 @@ begin
         nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
         300 + 40 * (state.watermark / state.block_size + 1));
 
-    -- exact scoring straight from the tsvector when it reads few rows
-    if state.watermark = 0 or df_total <= exhaustive_limit then
+    -- exact scoring straight from the tsvector when it reads few rows (or with no usable cache)
+    if state.watermark = 0 or (rls and not state.split_by_groups)
+       or (df_total <= exhaustive_limit and not rls) then
         return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
                             b.chunk_id, b.document_id, b.score
                        from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
@@ -246,7 +252,7 @@ begin
                                          search_lexical.labels) b;
         return;
     end if;
-    if filter_sql <> 'true' then
+    if filter_sql <> 'true' and not rls then
         -- a selective filter hides most cached candidates (k / selectivity of them would be
         -- rescored): below a few thousand chunks, score the filtered chunks directly
         filtered_limit := coalesce(
@@ -283,10 +289,13 @@ begin
 
     -- rare terms: reading all their chunks is cheaper than summing their blocks, so those
     -- chunks become candidates and the terms leave the sums (an unread chunk has none of them)
-    select coalesce(array_agg(x.lexeme), '{}') into rare_terms
-      from (select u.lexeme, sum(u.df) over (order by u.df, u.lexeme) as running
-              from unnest(terms, dfs) as u(lexeme, df)) x
-     where x.running <= 50 * (state.watermark / state.block_size + 1);
+    rare_terms := '{}';
+    if not rls then
+        select coalesce(array_agg(x.lexeme), '{}') into rare_terms
+          from (select u.lexeme, sum(u.df) over (order by u.df, u.lexeme) as running
+                  from unnest(terms, dfs) as u(lexeme, df)) x
+         where x.running <= 50 * (state.watermark / state.block_size + 1);
+    end if;
     if cardinality(rare_terms) > 0 then
         select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
           from kb.chunks c
@@ -305,6 +314,9 @@ begin
           from unnest(terms, idfs) as t(lexeme, idf)
           join kb.lexical_blocks b on b.lexeme = t.lexeme
          where t.lexeme <> all (rare_terms)
+           -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
+           and (not state.split_by_groups or coalesce(cardinality(search_lexical.groups), 0) = 0
+                or b.groups operator(pg_catalog.&&) search_lexical.groups)
          group by b.block_no
          order by b.block_no
     loop
@@ -531,6 +543,8 @@ declare
     max_id bigint;
     rebuild integer[];
     b integer;
+    -- while access control is enforced, one row per visibility class (the chunk's groups)
+    split constant boolean := kb._access_enforced();
 begin
     -- writers wait while the cache is rebuilt, so the new watermark covers every visible chunk
     lock table kb.chunks in share mode;
@@ -541,7 +555,7 @@ begin
     select coalesce(max(c.id), 0) into max_id from kb.chunks c;
     live_avgdl := greatest(live_avgdl, 1e-9);
 
-    if full_rebuild or state.watermark = 0
+    if full_rebuild or state.watermark = 0 or state.split_by_groups <> split
        or pg_catalog.abs(live_avgdl / state.avgdl - 1) > 0.05 then
         -- impacts drift with the average length: past 5% rebuild them all with the live one
         delete from kb.lexical_blocks;
@@ -560,8 +574,8 @@ begin
 
     foreach b in array rebuild loop
         delete from kb.lexical_blocks lb where lb.block_no = b;
-        insert into kb.lexical_blocks (lexeme, block_no, impacts, idf)
-        select u.lexeme, b,
+        insert into kb.lexical_blocks (lexeme, block_no, groups, impacts, idf)
+        select u.lexeme, b, case when split then c.groups else '{}'::text[] end,
                ('{' || string_agg((c.id - b::bigint * state.block_size + 1)::text || ':'
                                   || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
                                   ',' order by c.id)
@@ -574,11 +588,12 @@ begin
                        pg_catalog.ln(1 + (n_chunks - s.doc_freq + 0.5::float8) / (s.doc_freq + 0.5::float8)) as idf
                   from kb.lexeme_stats s) l on l.lexeme = u.lexeme
          where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size
-         group by u.lexeme, l.idf;
+         group by u.lexeme, l.idf, 3;
     end loop;
 
     update kb.lexical_state s
-       set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now();
+       set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now(),
+           split_by_groups = split;
     delete from kb.lexical_pending;
     delete from kb.lexical_dirty_blocks;
     return query select coalesce(cardinality(rebuild), 0), n_chunks, max_id, use_avgdl;

@@ -1,0 +1,298 @@
+-- kbpg: access control — which role reads which group's chunks, enforced by PostgreSQL's
+-- row-level security under the caller's own role (every kb function is security invoker).
+--
+--   select kb.access_setup();                        -- NOLOGIN reader + writer roles, granted
+--   grant kbpg_reader to alice;                      -- alice may search ...
+--   select kb.grant_groups('alice', array['hr']);    -- ... and read group hr once enforced
+--   select kb.access_enable();                       -- turn enforcement on (table owner)
+--
+-- Visibility (the policies are in migration 0004): a chunk or document with no groups is
+-- public; otherwise a role sees it when it may use (pg_has_role 'USAGE') a role granted one
+-- of its groups, or the writer role; table owners and superusers bypass row-level security.
+-- An edge is visible when both its chunks are. The BM25 impact cache keeps one row per
+-- visibility class while enforced, under the same policy. Corpus statistics (chunk count,
+-- average length, document frequencies) stay global, as in every engine with document-level
+-- security: they move scores by a few percent and expose word counts, never a chunk.
+
+create or replace function kb._access_tables()
+returns regclass[]
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
+             'kb.lexical_blocks'::regclass];
+comment on function kb._access_tables() is
+    'The tables a reader can reach that hold per-chunk data: row-level security goes on and off '
+    'on all of them together.';
+
+create or replace function kb._access_enforced()
+returns boolean
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass);
+comment on function kb._access_enforced() is
+    'True while row-level security is on for kb.chunks (kb.access_enable()).';
+
+create or replace function kb._access_apply_grants()
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.access_settings;
+    t text;
+    version_table regclass;
+begin
+    select * into s from kb.access_settings;
+    if s.reader_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)) is not null then
+        execute format('grant usage on schema kb to %I', s.reader_role);
+        execute format('grant execute on all functions in schema kb to %I', s.reader_role);
+        -- what the search functions read; chunk_links/chunk_entities (ingest's) are not granted
+        foreach t in array array['documents', 'chunks', 'edges', 'embedding_space', 'corpus_stats',
+                                 'lexeme_stats', 'lexical_blocks', 'lexical_state',
+                                 'lexical_pending', 'access_grants', 'access_settings'] loop
+            execute format('grant select on kb.%I to %I', t, s.reader_role);
+        end loop;
+    end if;
+    if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
+        execute format('grant usage on schema kb to %I', s.writer_role);
+        execute format('grant execute on all functions in schema kb to %I', s.writer_role);
+        execute format('grant select, insert, update, delete on all tables in schema kb to %I',
+                       s.writer_role);
+        execute format('grant usage, select on all sequences in schema kb to %I', s.writer_role);
+        -- a writer ingests; it does not decide who reads what
+        execute format('revoke insert, update, delete on kb.access_grants, kb.access_settings from %I',
+                       s.writer_role);
+    end if;
+    -- kbpg checks the schema version before it searches or writes
+    select c.oid::regclass into version_table
+      from pg_catalog.pg_class c
+     where c.relname = 'kbpg_alembic_version' and c.relkind = 'r'
+       and pg_catalog.has_schema_privilege(c.relnamespace, 'USAGE')
+     limit 1;
+    if version_table is not null then
+        foreach t in array array[s.reader_role, s.writer_role] loop
+            if t is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(t)) is not null then
+                execute format('grant select on %s to %I', version_table, t);
+            end if;
+        end loop;
+    end if;
+end
+$$;
+comment on function kb._access_apply_grants() is
+    'Grant the recorded reader role what searching reads and the writer role what ingest writes '
+    '(re-run whenever the sql/ files are applied, so new tables and functions are covered).';
+
+create or replace function kb.access_setup(
+    reader_role text default null,
+    writer_role text default null
+)
+returns table (reader text, writer text)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.access_settings;
+    want_reader text;
+    want_writer text;
+    r text;
+begin
+    select * into s from kb.access_settings;
+    -- role names are cluster-wide: the default is the database's own (kbpg_reader, kbpg_writer),
+    -- so two knowledge bases on one server never share a reader
+    want_reader := coalesce(access_setup.reader_role, s.reader_role, pg_catalog.current_database() || '_reader');
+    want_writer := coalesce(access_setup.writer_role, s.writer_role, pg_catalog.current_database() || '_writer');
+    if want_reader = want_writer then
+        raise exception 'the reader and writer roles must differ (both %)', want_reader
+            using errcode = '22023', hint = 'pass reader_role => ... and writer_role => ...';
+    end if;
+    foreach r in array array[want_reader, want_writer] loop
+        if pg_catalog.to_regrole(pg_catalog.quote_ident(r)) is null then
+            if not (select a.rolsuper or a.rolcreaterole from pg_catalog.pg_roles a
+                     where a.rolname = current_user) then
+                raise exception 'cannot create role "%": % lacks CREATEROLE', r, current_user
+                    using errcode = '42501',
+                          hint = format('a DBA runs: create role %I nologin; create role %I nologin; '
+                                        'then select kb.access_setup(); as the schema owner',
+                                        want_reader, want_writer);
+            end if;
+            execute format('create role %I nologin', r);
+        end if;
+    end loop;
+    update kb.access_settings set reader_role = want_reader, writer_role = want_writer;
+    perform kb._access_apply_grants();
+    return query select want_reader, want_writer;
+end
+$$;
+comment on function kb.access_setup(text, text) is
+    'Create (when missing) and grant the NOLOGIN reader and writer roles (default '
+    '<database>_reader / <database>_writer); grant a login role one of them to let it search or '
+    'ingest. Needs CREATEROLE for missing roles; run by the schema owner.';
+
+create or replace function kb.grant_groups(role_name text, groups text[])
+returns table (role text, group_name text)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+    if pg_catalog.to_regrole(pg_catalog.quote_ident(grant_groups.role_name)) is null then
+        raise exception 'role "%" does not exist', grant_groups.role_name
+            using errcode = '42704', hint = 'create the role first: create role ... login';
+    end if;
+    if coalesce(cardinality(grant_groups.groups), 0) = 0
+       or exists (select 1 from pg_catalog.unnest(grant_groups.groups) as g
+                   where g is null or pg_catalog.btrim(g) = '') then
+        raise exception 'groups must be a non-empty list of non-empty names'
+            using errcode = '22023', hint = 'for example array[''hr'', ''finance'']';
+    end if;
+    return query
+    insert into kb.access_grants as a (role, group_name)
+    select grant_groups.role_name, g from pg_catalog.unnest(grant_groups.groups) as g
+    on conflict do nothing
+    returning a.role, a.group_name;
+end
+$$;
+comment on function kb.grant_groups(text, text[]) is
+    'Let a role (and every role that may use it) read the chunks of these groups; returns the '
+    'grants that were new. Takes effect on the next query.';
+
+create or replace function kb.revoke_groups(role_name text, groups text[] default null)
+returns table (role text, group_name text)
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    delete from kb.access_grants a
+     where a.role = revoke_groups.role_name
+       and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
+    returning a.role, a.group_name;
+end;
+comment on function kb.revoke_groups(text, text[]) is
+    'Take groups (all of them when groups is NULL) away from a role; returns what was revoked. '
+    'Takes effect on the next query.';
+
+create or replace function kb.list_grants(role_name text default null)
+returns table (role text, group_name text, granted_at timestamptz)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select a.role, a.group_name, a.granted_at
+      from kb.access_grants a
+     where list_grants.role_name is null or a.role = list_grants.role_name
+     order by a.role, a.group_name;
+end;
+comment on function kb.list_grants(text) is
+    'The group grants (a reader sees its own; the owner sees all), optionally for one role.';
+
+create or replace function kb.access_status()
+returns table (
+    enforced boolean,
+    tables_enforced integer,
+    tables_total integer,
+    reader_role text,
+    writer_role text,
+    lexical_cache_split boolean,
+    visible_groups text[],
+    reads_all boolean
+)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select kb._access_enforced(),
+           (select pg_catalog.count(*) filter (where c.relrowsecurity)::integer
+              from pg_catalog.pg_class c where c.oid = any (kb._access_tables())),
+           pg_catalog.cardinality(kb._access_tables()),
+           s.reader_role, s.writer_role,
+           (select l.split_by_groups from kb.lexical_state l),
+           (select coalesce(pg_catalog.array_agg(g order by g), '{}')
+              from pg_catalog.unnest(kb._access_visible_groups()) as g),
+           kb._access_reads_all()
+      from kb.access_settings s;
+end;
+comment on function kb.access_status() is
+    'Whether access control is enforced (and on how many of its tables), the reader and writer '
+    'roles, whether the lexical cache is split by groups, and what the current role may read.';
+
+create or replace function kb._access_set(enforce boolean)
+returns boolean
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    t regclass;
+begin
+    if kb._access_enforced() is distinct from _access_set.enforce then
+        foreach t in array kb._access_tables() loop
+            execute format('alter table %s %s row level security', t,
+                           case when _access_set.enforce then 'enable' else 'disable' end);
+        end loop;
+        -- the impact cache follows: split by visibility class while enforced (a merged row
+        -- would tell a reader which invisible chunks hold which words), merged otherwise
+        if (select l.watermark > 0 from kb.lexical_state l) then
+            perform kb.refresh_lexical_index(full_rebuild => true);
+        end if;
+    end if;
+    return kb._access_enforced();
+end
+$$;
+comment on function kb._access_set(boolean) is
+    'Turn row-level security on or off on every table of kb._access_tables() together and '
+    'rebuild the lexical cache to match. Only the tables'' owner may.';
+
+create or replace function kb.access_enable()
+returns boolean
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+return kb._access_set(true);
+comment on function kb.access_enable() is
+    'Enforce access control: readers see public chunks and their granted groups only. Run by '
+    'the tables'' owner; rebuilds the lexical cache by visibility class (about a minute per '
+    '200k chunks).';
+
+create or replace function kb.access_disable()
+returns boolean
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+return kb._access_set(false);
+comment on function kb.access_disable() is
+    'Stop enforcing access control: every role with SELECT sees every chunk again (grants are '
+    'kept). Run by the tables'' owner.';
+
+-- On every apply: keep the recorded roles' grants complete (new tables, new functions); on the
+-- first apply by a role that may create roles, create them with the default names.
+do $$
+declare
+    s kb.access_settings;
+begin
+    select * into s from kb.access_settings;
+    if s.reader_role is not null then
+        perform kb._access_apply_grants();
+    elsif (select a.rolsuper or a.rolcreaterole from pg_catalog.pg_roles a where a.rolname = current_user) then
+        perform kb.access_setup();
+    else
+        raise notice 'kbpg: access control roles not created (% lacks CREATEROLE)', current_user
+            using hint = 'a DBA runs: select kb.access_setup();  (kbpg access setup)';
+    end if;
+end
+$$;

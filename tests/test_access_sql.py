@@ -1,0 +1,309 @@
+"""Access control in SQL: row-level security by group, per login role, on every arm and table."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.accessdata import AccessKb, build, login_roles
+from tests.sqldata import vec
+
+WHO = ["alice", "bob", "dave", "walt"]
+
+
+@pytest.fixture
+def akb(admin_url: str, new_database: Callable[..., str]) -> Iterator[AccessKb]:
+    with login_roles(admin_url, WHO) as roles:
+        url = new_database()
+        yield build(url, roles)
+
+
+@pytest.fixture
+def enforced(akb: AccessKb) -> AccessKb:
+    with akb.connect("owner") as conn:
+        assert conn.execute("select kb.access_enable()").fetchone() == (True,)
+    return akb
+
+
+def chunk_ids(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> list[int]:
+    return [int(r[0]) for r in conn.execute(sql, params).fetchall()]
+
+
+def search_ids(
+    conn: psycopg.Connection[Any], text: str | None, emb: list[float] | None, **kw: Any
+) -> list[int]:
+    args = "".join(f", {k} => %({k})s" for k in kw)
+    return chunk_ids(
+        conn,
+        f"select chunk_id from kb.search(%(t)s, %(e)s::vector{args}) order by rank",
+        {"t": text, "e": None if emb is None else vec(emb), **kw},
+    )
+
+
+def test_roles_are_set_up_and_enforcement_is_off_by_default(akb: AccessKb) -> None:
+    with akb.connect("owner") as conn:
+        status = conn.execute(
+            "select enforced, tables_enforced, tables_total, lexical_cache_split from kb.access_status()"
+        ).fetchone()
+        assert status == (False, 0, 4, False)
+        assert akb.reader_role.endswith("_reader") and akb.writer_role.endswith("_writer")
+        login = conn.execute(
+            "select rolcanlogin from pg_roles where rolname = any (%s)",
+            ([akb.reader_role, akb.writer_role],),
+        ).fetchall()
+        assert login == [(False,), (False,)]
+
+
+def test_with_enforcement_off_every_reader_sees_everything(akb: AccessKb) -> None:
+    with akb.connect("owner") as conn:
+        owner_result = search_ids(conn, "parking permit salary", [1, 0, 0], match_count=20)
+    for who in WHO:
+        with akb.connect(who) as conn:
+            assert set(chunk_ids(conn, "select id from kb.chunks")) == akb.visible["owner"], who
+            assert (
+                search_ids(conn, "parking permit salary", [1, 0, 0], match_count=20) == owner_result
+            )
+
+
+def test_each_role_sees_exactly_its_groups_in_every_table(enforced: AccessKb) -> None:
+    akb = enforced
+    docs = {"P1": "pub", "H1": "hr", "H2": "hr", "F1": "fin", "F2": "fin", "B1": "both"}
+    for who in [*WHO, "owner"]:
+        visible = akb.visible[who]
+        with akb.connect(who) as conn:
+            assert set(chunk_ids(conn, "select id from kb.chunks")) == visible, who
+            names = {k for k, v in akb.ids.items() if v in visible and k in docs}
+            expected_docs = {akb.ids[docs[k]] for k in names}
+            assert set(chunk_ids(conn, "select id from kb.documents")) == expected_docs, who
+            edges = conn.execute("select src_chunk_id, dst_chunk_id from kb.edges").fetchall()
+            assert all(s in visible and d in visible for s, d in edges), who
+    with akb.connect("alice") as conn:
+        # P1 -> F1 and F1 -> H1 touch finance: alice sees only H1 -> H2 and P1 -> B1
+        edges = set(conn.execute("select src_chunk_id, dst_chunk_id from kb.edges").fetchall())
+        assert edges == {(akb.ids["H1"], akb.ids["H2"]), (akb.ids["P1"], akb.ids["B1"])}
+
+
+def test_hybrid_search_returns_only_visible_chunks_in_the_owner_order(enforced: AccessKb) -> None:
+    akb = enforced
+    i = akb.ids
+    expected = {
+        "alice": [i["P1"], i["H1"], i["B1"]],
+        "bob": [i["P1"], i["F1"], i["B1"]],
+        "dave": [i["P1"]],
+        "walt": [i["P1"], i["F1"], i["H1"], i["B1"]],
+    }
+    for who, want in expected.items():
+        with akb.connect(who) as conn:
+            assert (
+                search_ids(conn, "parking permit", [1, 0, 0], match_count=10, max_per_doc=None)
+                == want
+            ), who
+            # lexical only (psql without an embedding)
+            got = search_ids(conn, "permit", None, match_count=10)
+            assert set(got) == set(want), who
+
+
+def test_each_arm_alone_respects_visibility(enforced: AccessKb) -> None:
+    akb = enforced
+    i = akb.ids
+    with akb.connect("alice") as conn:
+        assert chunk_ids(
+            conn,
+            "select chunk_id from kb.search_vector(%s::vector, 10) order by rank",
+            (vec([1, 0, 0]),),
+        ) == [
+            i["P1"],
+            i["H1"],
+            i["B1"],
+        ]
+        assert set(chunk_ids(conn, "select chunk_id from kb.search_lexical('salary', 10)")) == {
+            i["H1"],
+            i["H2"],
+        }
+        # graph: from P1, F1 is invisible, and so is the path P1 -> F1 -> H1
+        walked = chunk_ids(
+            conn,
+            "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3, max_returned => 10,"
+            " min_score => 0.1) order by rank",
+            (i["P1"],),
+        )
+        assert walked == [i["B1"]]
+    with akb.connect("bob") as conn:
+        walked = chunk_ids(
+            conn,
+            "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3, max_returned => 10,"
+            " min_score => 0.1) order by rank",
+            (i["P1"],),
+        )
+        assert walked == [i["F1"], i["B1"]]  # H1 (via F1) is hr's
+        assert set(chunk_ids(conn, "select chunk_id from kb.search_lexical('salary', 10)")) == {
+            i["F2"]
+        }
+    with akb.connect("walt") as conn:
+        walked = chunk_ids(
+            conn,
+            "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3, max_returned => 10,"
+            " min_score => 0.1) order by rank",
+            (i["P1"],),
+        )
+        assert walked == [i["F1"], i["H1"], i["H2"], i["B1"]]  # 0.9, 0.81, 0.648, 0.6
+
+
+def test_lexical_cache_rows_are_split_by_class_and_hidden(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("owner") as conn:
+        assert conn.execute("select split_by_groups from kb.lexical_state").fetchone() == (True,)
+        classes = {
+            tuple(r[0]) for r in conn.execute("select distinct groups from kb.lexical_blocks")
+        }
+        assert classes == {(), ("hr",), ("finance",), ("hr", "finance")}
+    with akb.connect("alice") as conn:
+        classes = {
+            tuple(r[0]) for r in conn.execute("select distinct groups from kb.lexical_blocks")
+        }
+        assert classes == {(), ("hr",), ("hr", "finance")}
+        # 'budget' is only in finance chunks: alice's cache rows hold no impact for it
+        assert conn.execute(
+            "select count(*) from kb.lexical_blocks where lexeme = 'budget'"
+        ).fetchone() == (0,)
+
+
+@pytest.mark.parametrize("path", ["cache", "exhaustive-limit"])
+def test_lexical_scores_equal_the_owners_restricted_to_visible_chunks(
+    enforced: AccessKb, path: str
+) -> None:
+    akb = enforced
+    query = "permit salary budget parking"
+    with akb.connect("owner") as conn:
+        owner = conn.execute(
+            "select chunk_id, score from kb.search_lexical(%s, 50) order by rank", (query,)
+        ).fetchall()
+    for who in ["alice", "bob", "dave"]:
+        with akb.connect(who) as conn:
+            if path == "cache":
+                conn.execute("set kb.lexical_exhaustive_limit = 0")
+            got = conn.execute(
+                "select chunk_id, score from kb.search_lexical(%s, 50) order by rank", (query,)
+            ).fetchall()
+        want = [(c, s) for c, s in owner if c in akb.visible[who]]
+        assert [c for c, _ in got] == [c for c, _ in want], who
+        assert [s for _, s in got] == pytest.approx([s for _, s in want], rel=1e-9), who
+
+
+def test_asking_for_an_unreadable_group_returns_nothing_from_it(enforced: AccessKb) -> None:
+    akb = enforced
+    i = akb.ids
+    with akb.connect("alice") as conn:
+        # B1 is in finance too, and alice reads it through hr; F1 and F2 never appear
+        assert search_ids(conn, "permit budget", [1, 0, 0], groups=["finance"]) == [i["B1"]]
+        assert search_ids(conn, "budget", None, groups=["nonexistent"]) == []
+        assert chunk_ids(conn, "select id from kb.chunks where groups && array['finance']") == [
+            i["B1"]
+        ]
+
+
+def test_a_revoked_grant_takes_effect_on_the_next_query(enforced: AccessKb) -> None:
+    akb = enforced
+    i = akb.ids
+    with akb.connect("alice") as alice, akb.connect("owner") as owner:
+        assert i["H2"] in chunk_ids(alice, "select id from kb.chunks")
+        revoked = owner.execute(
+            "select * from kb.revoke_groups(%s, array['hr'])", (akb.roles["alice"],)
+        ).fetchall()
+        assert revoked == [(akb.roles["alice"], "hr")]
+        assert set(chunk_ids(alice, "select id from kb.chunks")) == {i["P1"]}
+        assert search_ids(alice, "salary", [0, 1, 0]) == []
+        owner.execute(
+            "select * from kb.grant_groups(%s, array['hr', 'finance'])", (akb.roles["alice"],)
+        )
+        assert set(chunk_ids(alice, "select id from kb.chunks")) == akb.visible["owner"]
+
+
+def test_membership_in_a_granted_role_is_inherited(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("owner") as owner:
+        owner.execute(f'revoke "{akb.roles["team"]}" from "{akb.roles["bob"]}"')
+    with akb.connect("bob") as conn:
+        assert set(chunk_ids(conn, "select id from kb.chunks")) == {akb.ids["P1"]}
+
+
+def test_readers_see_their_own_grants_only(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("alice") as conn:
+        assert conn.execute("select role, group_name from kb.list_grants()").fetchall() == [
+            (akb.roles["alice"], "hr")
+        ]
+        status = conn.execute(
+            "select enforced, visible_groups, reads_all from kb.access_status()"
+        ).fetchone()
+        assert status == (True, ["hr"], False)
+    with akb.connect("bob") as conn:
+        assert conn.execute("select visible_groups from kb.access_status()").fetchone() == (
+            ["finance"],
+        )
+    with akb.connect("owner") as conn:
+        assert len(conn.execute("select * from kb.list_grants()").fetchall()) == 2
+
+
+def test_readers_cannot_grant_enable_or_write(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("alice") as conn:
+        for sql in [
+            "select kb.grant_groups(current_user, array['finance'])",
+            "select kb.access_disable()",
+            "delete from kb.chunks",
+            "select kb.access_setup(reader_role => 'kbt_new_reader_x', writer_role => 'kbt_new_writer_x')",
+        ]:
+            with pytest.raises(psycopg.Error) as info:
+                conn.execute(sql)
+            assert info.value.sqlstate == "42501", sql
+    with akb.connect("walt") as conn:  # a writer ingests, but does not hand out groups
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("select kb.grant_groups(current_user, array['finance'])")
+        assert info.value.sqlstate == "42501"
+
+
+def test_writer_sees_every_group_and_can_ingest(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("walt") as conn:
+        doc = conn.execute(
+            "insert into kb.documents (source, groups, content_hash) values ('new.md', '{legal}', 'h') returning id"
+        ).fetchone()
+        assert doc is not None
+        conn.execute(
+            "insert into kb.chunks (document_id, ordinal, content, groups) values (%s, 0, 'legal permit', '{legal}')",
+            (doc[0],),
+        )
+        conn.execute("select * from kb.refresh_lexical_index()")
+        assert len(chunk_ids(conn, "select id from kb.chunks")) == 7
+    with akb.connect("alice") as conn:
+        assert len(chunk_ids(conn, "select id from kb.chunks")) == 4
+        assert conn.execute(
+            "select count(*) from kb.lexical_blocks where lexeme = 'legal'"
+        ).fetchone() == (0,)
+
+
+def test_bad_grants_are_refused_clearly(enforced: AccessKb) -> None:
+    with enforced.connect("owner") as conn:
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("select kb.grant_groups('no_such_role_kbpg', array['hr'])")
+        assert info.value.sqlstate == "42704"
+        with pytest.raises(psycopg.Error) as info:
+            conn.execute("select kb.grant_groups(current_user, array[''])")
+        assert info.value.sqlstate == "22023"
+
+
+def test_disable_restores_todays_behaviour(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("owner") as conn:
+        assert conn.execute("select kb.access_disable()").fetchone() == (False,)
+        assert conn.execute("select split_by_groups from kb.lexical_state").fetchone() == (False,)
+        classes = {
+            tuple(r[0]) for r in conn.execute("select distinct groups from kb.lexical_blocks")
+        }
+        assert classes == {()}
+    with akb.connect("dave") as conn:
+        assert set(chunk_ids(conn, "select id from kb.chunks")) == akb.visible["owner"]
