@@ -6,7 +6,7 @@
 --   select kb.grant_groups('alice', array['hr']);    -- ... and read group hr once enforced
 --   select kb.access_enable();                       -- turn enforcement on (table owner)
 --
--- Visibility (the policies are in migration 0004): a chunk or document with no groups is
+-- Visibility (the policies are in migration 0005): a chunk or document with no groups is
 -- public; otherwise a role sees it when it may use (pg_has_role 'USAGE') a role granted one
 -- of its groups, or the writer role; table owners and superusers bypass row-level security.
 -- An edge is visible when both its chunks are. The BM25 impact cache keeps one row per

@@ -1,7 +1,7 @@
 """Access control: group grants, row-level security policies, a lexical cache split by groups.
 
-Revision ID: 0004
-Revises: 0003
+Revision ID: 0005
+Revises: 0004
 Create Date: 2026-11-30
 
 Policies are created here but enforce nothing until `kb.access_enable()` (`kbpg access enable`)
@@ -28,8 +28,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0004"
-down_revision = "0003"
+revision = "0005"
+down_revision = "0004"
 branch_labels = None
 depends_on = None
 
