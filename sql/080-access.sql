@@ -105,10 +105,10 @@ declare
     r text;
 begin
     select * into s from kb.access_settings;
-    -- role names are cluster-wide: the default is the database's own (kbpg_reader, kbpg_writer),
-    -- so two knowledge bases on one server never share a reader
-    want_reader := coalesce(access_setup.reader_role, s.reader_role, pg_catalog.current_database() || '_reader');
-    want_writer := coalesce(access_setup.writer_role, s.writer_role, pg_catalog.current_database() || '_writer');
+    -- role names are cluster-wide: knowledge bases on one server share kbpg_reader/kbpg_writer
+    -- unless given names of their own (their grants and policies stay per database either way)
+    want_reader := coalesce(access_setup.reader_role, s.reader_role, 'kbpg_reader');
+    want_writer := coalesce(access_setup.writer_role, s.writer_role, 'kbpg_writer');
     if want_reader = want_writer then
         raise exception 'the reader and writer roles must differ (both %)', want_reader
             using errcode = '22023', hint = 'pass reader_role => ... and writer_role => ...';
@@ -132,8 +132,8 @@ begin
 end
 $$;
 comment on function kb.access_setup(text, text) is
-    'Create (when missing) and grant the NOLOGIN reader and writer roles (default '
-    '<database>_reader / <database>_writer); grant a login role one of them to let it search or '
+    'Create (when missing) and grant the NOLOGIN reader and writer roles (default kbpg_reader / '
+    'kbpg_writer; role names are cluster-wide); grant a login role one of them to let it search or '
     'ingest. Needs CREATEROLE for missing roles; run by the schema owner.';
 
 create or replace function kb.grant_groups(role_name text, groups text[])

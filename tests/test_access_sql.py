@@ -32,6 +32,22 @@ def chunk_ids(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> li
     return [int(r[0]) for r in conn.execute(sql, params).fetchall()]
 
 
+def assert_sqlstate(conn: psycopg.Connection[Any], sql: str, sqlstate: str) -> None:
+    with pytest.raises(psycopg.Error) as info:
+        conn.execute(sql)
+    assert info.value.sqlstate == sqlstate, (sql, info.value)
+
+
+def walk(conn: psycopg.Connection[Any], seed: int) -> list[int]:
+    """The graph arm alone from one seed, 3 hops deep."""
+    return chunk_ids(
+        conn,
+        "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3,"
+        " max_returned => 10, min_score => 0.1) order by rank",
+        (seed,),
+    )
+
+
 def search_ids(
     conn: psycopg.Connection[Any], text: str | None, emb: list[float] | None, **kw: Any
 ) -> list[int]:
@@ -124,31 +140,16 @@ def test_each_arm_alone_respects_visibility(enforced: AccessKb) -> None:
             i["H2"],
         }
         # graph: from P1, F1 is invisible, and so is the path P1 -> F1 -> H1
-        walked = chunk_ids(
-            conn,
-            "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3, max_returned => 10,"
-            " min_score => 0.1) order by rank",
-            (i["P1"],),
-        )
+        walked = walk(conn, i["P1"])
         assert walked == [i["B1"]]
     with akb.connect("bob") as conn:
-        walked = chunk_ids(
-            conn,
-            "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3, max_returned => 10,"
-            " min_score => 0.1) order by rank",
-            (i["P1"],),
-        )
+        walked = walk(conn, i["P1"])
         assert walked == [i["F1"], i["B1"]]  # H1 (via F1) is hr's
         assert set(chunk_ids(conn, "select chunk_id from kb.search_lexical('salary', 10)")) == {
             i["F2"]
         }
     with akb.connect("walt") as conn:
-        walked = chunk_ids(
-            conn,
-            "select chunk_id from kb.expand_graph(array[%s]::bigint[], max_depth => 3, max_returned => 10,"
-            " min_score => 0.1) order by rank",
-            (i["P1"],),
-        )
+        walked = walk(conn, i["P1"])
         assert walked == [i["F1"], i["H1"], i["H2"], i["B1"]]  # 0.9, 0.81, 0.648, 0.6
 
 
@@ -257,13 +258,9 @@ def test_readers_cannot_grant_enable_or_write(enforced: AccessKb) -> None:
             "delete from kb.chunks",
             "select kb.access_setup(reader_role => 'kbt_new_reader_x', writer_role => 'kbt_new_writer_x')",
         ]:
-            with pytest.raises(psycopg.Error) as info:
-                conn.execute(sql)
-            assert info.value.sqlstate == "42501", sql
+            assert_sqlstate(conn, sql, "42501")
     with akb.connect("walt") as conn:  # a writer ingests, but does not hand out groups
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute("select kb.grant_groups(current_user, array['finance'])")
-        assert info.value.sqlstate == "42501"
+        assert_sqlstate(conn, "select kb.grant_groups(current_user, array['finance'])", "42501")
 
 
 def test_writer_sees_every_group_and_can_ingest(enforced: AccessKb) -> None:
@@ -288,12 +285,8 @@ def test_writer_sees_every_group_and_can_ingest(enforced: AccessKb) -> None:
 
 def test_bad_grants_are_refused_clearly(enforced: AccessKb) -> None:
     with enforced.connect("owner") as conn:
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute("select kb.grant_groups('no_such_role_kbpg', array['hr'])")
-        assert info.value.sqlstate == "42704"
-        with pytest.raises(psycopg.Error) as info:
-            conn.execute("select kb.grant_groups(current_user, array[''])")
-        assert info.value.sqlstate == "22023"
+        assert_sqlstate(conn, "select kb.grant_groups('no_such_role_kbpg', array['hr'])", "42704")
+        assert_sqlstate(conn, "select kb.grant_groups(current_user, array[''])", "22023")
 
 
 def test_disable_restores_todays_behaviour(enforced: AccessKb) -> None:
