@@ -215,8 +215,54 @@ def downgrade(url: str, revision: str) -> None:
     _run_alembic(url, "downgrade", revision)
 
 
+EXTSCHEMA_VECTOR = "@extschema:vector@"
+
+_VECTOR_SCHEMA = """
+select pg_catalog.quote_ident(n.nspname)
+  from pg_catalog.pg_extension e
+  join pg_catalog.pg_namespace n on n.oid = e.extnamespace
+ where e.extname = 'vector'
+"""
+
+
+def vector_schema(connection: Any) -> str:
+    """The schema pgvector is installed in, quoted as an identifier (`public`, `extensions`)."""
+    row = connection.exec_driver_sql(_VECTOR_SCHEMA).fetchone()
+    if row is None:
+        raise KbpgError(
+            "the vector extension (pgvector) is not installed in this database",
+            hint="ask an administrator to run CREATE EXTENSION vector (optionally SCHEMA name)",
+        )
+    schema = str(row[0])
+    if "'" in schema or "$" in schema:  # it is substituted inside string literals too
+        raise KbpgError(
+            f"cannot use the vector extension's schema {schema}: quotes or $ in its name",
+            hint="install pgvector in a schema with a plain name (e.g. public or extensions)",
+        )
+    return schema
+
+
+def sql_function_text(path: Path, schema: str) -> str:
+    """A sql/ file with the vector extension's schema substituted for @extschema:vector@."""
+    return path.read_text().replace(EXTSCHEMA_VECTOR, schema)
+
+
 def apply_sql_functions(connection: Any) -> None:
-    """Run every sql/NNN-*.sql file on a SQLAlchemy connection (CREATE OR REPLACE, idempotent)."""
+    """Run every sql/NNN-*.sql file on a SQLAlchemy connection (CREATE OR REPLACE, idempotent).
+
+    The files run with search_path pinned to pg_catalog, pg_temp, so SQL-standard bodies
+    (bound when created) can resolve nothing through a schema others may write; the vector
+    extension's schema is substituted for @extschema:vector@. A cast to vector first loads
+    vector.so: declaring a function with SET hnsw.* needs the parameters known, else only a
+    superuser (or GRANT SET ON PARAMETER) may create it.
+    """
     raw = connection.execution_options(no_parameters=True)
+    schema = vector_schema(raw)
+    saved = raw.exec_driver_sql("select pg_catalog.current_setting('search_path')").scalar()
+    raw.exec_driver_sql(f"select '[1]'::{schema}.vector")
+    raw.exec_driver_sql("select pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)")
     for path in sql_files():
-        raw.exec_driver_sql(path.read_text())
+        raw.exec_driver_sql(sql_function_text(path, schema))
+    connection.exec_driver_sql(
+        "select pg_catalog.set_config('search_path', %(path)s, true)", {"path": saved}
+    )

@@ -33,9 +33,23 @@ def _at_head(connection: Connection) -> bool:
     return set(current) == set(script.get_heads())
 
 
+# Revisions 0001-0003 (frozen) name pgvector's types unqualified: put the extension's schema
+# (Supabase: `extensions`) on this transaction's search_path when it is elsewhere.
+_EXTENSION_ON_PATH = """
+select pg_catalog.set_config('search_path',
+           pg_catalog.current_setting('search_path') || ', ' || pg_catalog.quote_ident(n.nspname),
+           true)
+  from pg_catalog.pg_extension e
+  join pg_catalog.pg_namespace n on n.oid = e.extnamespace
+ where e.extname = 'vector'
+   and n.nspname <> all (pg_catalog.current_schemas(false))
+"""
+
+
 def run_migrations(connection: Connection) -> None:
     _configure(connection)
     with context.begin_transaction():
+        connection.exec_driver_sql(_EXTENSION_ON_PATH)
         context.run_migrations()
         if _at_head(connection):
             db.apply_sql_functions(connection)

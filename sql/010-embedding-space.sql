@@ -6,7 +6,7 @@ returns void
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 declare
     existing kb.embedding_space;
@@ -32,10 +32,10 @@ begin
                                 existing.model, model_name);
     end if;
     insert into kb.embedding_space (model, dimension) values (model_name, vector_dimension);
-    execute format('alter table kb.chunks alter column embedding type public.vector(%s)',
+    execute format('alter table kb.chunks alter column embedding type @extschema:vector@.vector(%s)',
                    vector_dimension);
     execute 'create index if not exists chunks_embedding_hnsw on kb.chunks '
-            'using hnsw (embedding public.vector_cosine_ops) with (m = 16, ef_construction = 64)';
+            'using hnsw (embedding @extschema:vector@.vector_cosine_ops) with (m = 16, ef_construction = 64)';
 end
 $$;
 comment on function kb.set_embedding_space(text, integer) is
@@ -47,7 +47,7 @@ returns void
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 begin
     if model_name is null or model_name = '' or vector_dimension is null
@@ -59,7 +59,7 @@ begin
     drop index if exists kb.chunks_embedding_hnsw;
     update kb.chunks set embedding = null where embedding is not null;
     delete from kb.embedding_space;
-    execute 'alter table kb.chunks alter column embedding type public.vector';
+    execute 'alter table kb.chunks alter column embedding type @extschema:vector@.vector';
     perform kb.set_embedding_space(model_name, vector_dimension);
 end
 $$;
@@ -67,12 +67,12 @@ comment on function kb.reset_embedding_space(text, integer) is
     'Switch the knowledge base to another embedding model: drops every vector and the HNSW '
     'index, records the new space; the caller re-embeds (kbpg reembed).';
 
-create or replace function kb.check_query_embedding(query_embedding public.vector)
+create or replace function kb.check_query_embedding(query_embedding @extschema:vector@.vector)
 returns void
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 declare
     space_dimension integer;
@@ -85,14 +85,14 @@ begin
         raise exception 'embedding space not set: no vectors have been ingested yet'
             using errcode = 'KB002', hint = 'ingest documents first, or pass a NULL embedding';
     end if;
-    if public.vector_dims(query_embedding) <> space_dimension then
+    if @extschema:vector@.vector_dims(query_embedding) <> space_dimension then
         raise exception 'embedding space mismatch: query vector has % dimensions, the knowledge base holds %-d vectors',
-                public.vector_dims(query_embedding), space_dimension
+                @extschema:vector@.vector_dims(query_embedding), space_dimension
             using errcode = 'KB001',
                   hint = 'embed the query with the model recorded in kb.embedding_space';
     end if;
 end
 $$;
-comment on function kb.check_query_embedding(public.vector) is
+comment on function kb.check_query_embedding(@extschema:vector@.vector) is
     'Raise SQLSTATE KB002 when no embedding space is set, KB001 when the query vector''s '
     'dimension differs from it.';

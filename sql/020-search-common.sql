@@ -19,7 +19,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 return concat_ws(' and ', 'true',
     case when coalesce(cardinality(filter_groups), 0) > 0
          then format('%I.groups operator(pg_catalog.&&) %s', chunk_alias, groups_param) end,
@@ -45,7 +45,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 return (coalesce(cardinality(filter_groups), 0) = 0 or chunk_groups && filter_groups)
    and (filter_category is null or chunk_category = filter_category)
    and (coalesce(cardinality(filter_labels), 0) = 0 or chunk_labels @> filter_labels);
@@ -59,7 +59,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 begin
     if match_count is null or match_count < 1 or match_count > 1000 then
@@ -82,7 +82,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 begin
     if rrf_k is null or rrf_k < 0 then
@@ -107,7 +107,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 begin
     if max_per_doc is not null and max_per_doc < 1 then

@@ -7,13 +7,13 @@
 -- each, and the hits are unioned by each chunk's best (maximum) similarity.
 
 create or replace function kb.search_vector(
-    query_embedding public.vector,
+    query_embedding @extschema:vector@.vector,
     match_count integer default 8,
     groups text[] default null,
     category text default null,
     labels text[] default null,
     min_similarity double precision default 0.30,
-    extra_embeddings public.vector[] default null
+    extra_embeddings @extschema:vector@.vector[] default null
 )
 returns table (
     rank integer,
@@ -25,7 +25,7 @@ returns table (
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 -- the function's own values, restored on exit; ef_search is raised below to fit the pool
 set hnsw.iterative_scan = relaxed_order
 set hnsw.ef_search = 40
@@ -35,9 +35,9 @@ as $$
 declare
     filter_sql constant text := kb.chunk_filter_sql(
         'c', '$1', '$2', '$3', search_vector.groups, search_vector.category, search_vector.labels);
-    distance_sql text := 'c.embedding operator(public.<=>) $4';
-    embeddings public.vector[];
-    extra public.vector;
+    distance_sql text := 'c.embedding operator(@extschema:vector@.<=>) $4';
+    embeddings @extschema:vector@.vector[];
+    extra @extschema:vector@.vector;
     exact_limit bigint;
     filtered_rows bigint;
 begin
@@ -114,7 +114,7 @@ begin
           embeddings, search_vector.match_count, search_vector.min_similarity;
 end
 $$;
-comment on function kb.search_vector(public.vector, integer, text[], text, text[], double precision, public.vector[]) is
+comment on function kb.search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[]) is
     'Vector arm: top match_count chunks by cosine similarity (score = similarity = 1 - cosine '
     'distance) at or above min_similarity, filters applied inside the HNSW scan (iterative '
     'scan) or, for very selective filters, by an exact scan. NULL embedding: no rows. '

@@ -36,7 +36,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 begin atomic
     select coalesce(array_agg(distinct replace(replace(m[1], '''''', ''''), '\\', '\')), '{}')
       from pg_catalog.regexp_matches(tsquery_text, '''((?:[^'']|'''')+)''', 'g') as m;
@@ -51,7 +51,7 @@ immutable
 strict
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 begin atomic
     select nullif(string_agg('''' || replace(replace(l, '\', '\\'), '''', '''''') || '''', ' | '),
                   '')::pg_catalog.tsquery
@@ -65,7 +65,7 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 begin atomic
     with q as (
         select pg_catalog.websearch_to_tsquery('english'::pg_catalog.regconfig,
@@ -108,7 +108,7 @@ returns table (chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 declare
     filter_sql constant text := kb.chunk_filter_sql(
@@ -159,7 +159,7 @@ returns table (
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 -- every statement below is safe with a generic plan (see the extra_ids query), and planning
 -- them afresh on each call cost 0.3 ms of the 2.2 ms a frequent-term query took
 set plan_cache_mode = force_generic_plan
@@ -185,7 +185,7 @@ declare
     filtered_limit bigint;
     block record;
     block_nos integer[];
-    block_scores public.vector[];
+    block_scores @extschema:vector@.vector[];
     extra_ids bigint[];
     candidate_ids bigint[];
     theta double precision;
@@ -195,7 +195,7 @@ declare
     probe_count bigint;
     keep_count bigint;
     all_terms tsquery;
-    theta_vec public.vector;
+    theta_vec @extschema:vector@.vector;
     probe_bits varbit[];
     lo_bits varbit[];
     guess double precision;
@@ -309,7 +309,7 @@ begin
     block_nos := '{}';
     block_scores := '{}';
     for block in
-        select b.block_no, sum(b.impacts::public.vector order by b.lexeme) as scores,
+        select b.block_no, @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
                max(t.idf / b.idf) as ratio
           from unnest(terms, idfs) as t(lexeme, idf)
           join kb.lexical_blocks b on b.lexeme = t.lexeme
@@ -354,15 +354,15 @@ begin
             guess := least(greatest(guess, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
             -- the threshold vector: 125 copies of theta, concatenated with itself up to the block
             -- size (array_fill of 16,000 and its cast to vector took 60 us a probe, this 5 us)
-            theta_vec := pg_catalog.array_fill(guess::real, array[least(state.block_size, 125)])::public.vector;
-            while public.vector_dims(theta_vec) < state.block_size loop
-                theta_vec := theta_vec operator(public.||) public.subvector(theta_vec, 1, least(
-                    public.vector_dims(theta_vec), state.block_size - public.vector_dims(theta_vec)));
+            theta_vec := pg_catalog.array_fill(guess::real, array[least(state.block_size, 125)])::@extschema:vector@.vector;
+            while @extschema:vector@.vector_dims(theta_vec) < state.block_size loop
+                theta_vec := theta_vec operator(@extschema:vector@.||) @extschema:vector@.subvector(theta_vec, 1, least(
+                    @extschema:vector@.vector_dims(theta_vec), state.block_size - @extschema:vector@.vector_dims(theta_vec)));
             end loop;
             probe_count := 0;
             for j in 1..cardinality(block_scores) by sample_stride loop
                 probe_count := probe_count + pg_catalog.bit_count(
-                    public.binary_quantize(block_scores[j] operator(public.-) theta_vec));
+                    @extschema:vector@.binary_quantize(block_scores[j] operator(@extschema:vector@.-) theta_vec));
             end loop;
             probe_count := pg_catalog.round(probe_count * sample_scale);
             if probe_count < 3 * need / 2 then
@@ -404,15 +404,15 @@ begin
             end if;
             guess := null;
             -- the bits are kept: the accepted probe's bits are the candidates
-            theta_vec := pg_catalog.array_fill(theta::real, array[least(state.block_size, 125)])::public.vector;
-            while public.vector_dims(theta_vec) < state.block_size loop
-                theta_vec := theta_vec operator(public.||) public.subvector(theta_vec, 1, least(
-                    public.vector_dims(theta_vec), state.block_size - public.vector_dims(theta_vec)));
+            theta_vec := pg_catalog.array_fill(theta::real, array[least(state.block_size, 125)])::@extschema:vector@.vector;
+            while @extschema:vector@.vector_dims(theta_vec) < state.block_size loop
+                theta_vec := theta_vec operator(@extschema:vector@.||) @extschema:vector@.subvector(theta_vec, 1, least(
+                    @extschema:vector@.vector_dims(theta_vec), state.block_size - @extschema:vector@.vector_dims(theta_vec)));
             end loop;
             probe_count := 0;
             probe_bits := '{}';
             for j in 1..cardinality(block_scores) loop
-                block_bits := public.binary_quantize(block_scores[j] operator(public.-) theta_vec);
+                block_bits := @extschema:vector@.binary_quantize(block_scores[j] operator(@extschema:vector@.-) theta_vec);
                 probe_count := probe_count + pg_catalog.bit_count(block_bits);
                 probe_bits := probe_bits || block_bits;
             end loop;
@@ -431,7 +431,7 @@ begin
         end loop;
         theta := lo;
         if lo_bits is null then  -- theta = 0: every cached match
-            select array_agg(public.binary_quantize(u.s) order by u.i) into lo_bits
+            select array_agg(@extschema:vector@.binary_quantize(u.s) order by u.i) into lo_bits
               from unnest(block_scores) with ordinality as u(s, i);
         end if;
 
@@ -454,7 +454,7 @@ begin
           into candidate_ids, theta
           from (select z.id, z.v, pg_catalog.rank() over (order by z.v desc) as r
                   from (select x.bno::bigint * state.block_size + p.pos - 1 as id,
-                               (public.subvector(x.s, p.pos::integer, 1)::real[])[1] as v
+                               (@extschema:vector@.subvector(x.s, p.pos::integer, 1)::real[])[1] as v
                   from unnest(block_nos, lo_bits, block_scores) as x(bno, bits, s)
                   cross join lateral (
                       select sum(pg_catalog.octet_length(u.piece) + 1) over (order by u.ord) as pos
@@ -532,7 +532,7 @@ returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, 
 language plpgsql
 volatile
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 declare
@@ -579,7 +579,7 @@ begin
                ('{' || string_agg((c.id - b::bigint * state.block_size + 1)::text || ':'
                                   || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
                                   ',' order by c.id)
-                || '}/' || state.block_size)::public.sparsevec,
+                || '}/' || state.block_size)::@extschema:vector@.sparsevec,
                l.idf
           from kb.chunks c
           cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf

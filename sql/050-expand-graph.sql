@@ -27,7 +27,7 @@ returns table (
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 begin

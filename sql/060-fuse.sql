@@ -21,7 +21,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 begin
@@ -69,7 +69,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 begin

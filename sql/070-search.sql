@@ -19,7 +19,7 @@
 
 create or replace function kb.search(
     query_text text,
-    query_embedding public.vector default null,
+    query_embedding @extschema:vector@.vector default null,
     match_count integer default 8,
     groups text[] default null,
     category text default null,
@@ -36,7 +36,7 @@ create or replace function kb.search(
     graph_max_depth integer default 1,
     graph_max_returned integer default 3,
     graph_min_score double precision default 0.5,
-    extra_embeddings public.vector[] default null,
+    extra_embeddings @extschema:vector@.vector[] default null,
     rerank_pool integer default null
 )
 returns table (
@@ -57,7 +57,7 @@ returns table (
 language plpgsql
 stable
 security invoker
-set search_path = pg_catalog, kb, public
+set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 declare
@@ -73,7 +73,7 @@ declare
     fused_lexical_ranks integer[];
     fused_graph_ranks integer[];
     vector_only boolean;
-    embeddings public.vector[];
+    embeddings @extschema:vector@.vector[];
 begin
     perform kb.check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -148,13 +148,13 @@ begin
       join kb.chunks c on c.id = p.chunk_id
       join kb.documents d on d.id = c.document_id
       cross join lateral (
-          select pg_catalog.max(1 - (c.embedding operator(public.<=>) q.e)) as similarity
+          select pg_catalog.max(1 - (c.embedding operator(@extschema:vector@.<=>) q.e)) as similarity
             from pg_catalog.unnest(embeddings) q(e)) b
      where search.rerank_pool is not null or p.rank <= search.match_count
      order by p.rank;
 end
 $$;
-comment on function kb.search(text, public.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, public.vector[], integer) is
+comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. NULL '
     'embedding: lexical (+ graph) only. extra_embeddings: more query vectors for the vector '

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import re
+import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
+
+from kbpg import db as kdb
+from tests.sqldata import vec
 
 FUNCTIONS_SQL = """
 select p.oid::regprocedure::text, p.prokind, p.provolatile, p.prosecdef, p.proparallel,
@@ -68,12 +73,119 @@ def kb_tables(conn: psycopg.Connection[Any]) -> list[str]:
     ]
 
 
+# What a kb function may resolve unqualified names through: nothing others can write.
+# `kb` only in the frozen trigger functions of revisions 0001-0002 (they name kb tables bare).
+PINNED_SCHEMAS = {"pg_catalog", "pg_temp", "kb"}
+
+
 def test_every_function_is_security_invoker_with_pinned_search_path(functions):
     for name, _kind, _vol, secdef, _par, config, _src, _trigger in functions:
         assert not secdef, f"{name} is SECURITY DEFINER"
         paths = [c for c in config if c.startswith("search_path=")]
         assert paths, f"{name} has no pinned search_path"
-        assert paths[0].split("=", 1)[1].split(",")[0].strip() == "pg_catalog", name
+        schemas = [s.strip() for s in paths[0].split("=", 1)[1].split(",")]
+        assert schemas[0] == "pg_catalog", name
+        assert set(schemas) <= PINNED_SCHEMAS, f"{name}: search_path {schemas}"
+
+
+def test_sql_file_functions_pin_only_pg_catalog_and_pg_temp(functions):
+    frozen = {
+        "tsvector_token_count",
+        "chunks_stats_after_insert",
+        "chunks_stats_after_delete",
+        "chunks_stats_after_update",
+        "chunks_lexical_after_update",
+        "chunks_lexical_after_delete",
+    }
+    for name, _kind, _vol, _sec, _par, config, _src, _trigger in functions:
+        if name.split("(")[0].removeprefix("kb.") in frozen:
+            continue
+        assert "search_path=pg_catalog, pg_temp" in config, f"{name}: {config}"
+
+
+@pytest.fixture
+def planter(admin_url: str, db_url: str) -> Iterator[str]:
+    """A role with CREATE on public (the default of databases from PostgreSQL <= 14)."""
+    role = f"kbpg_t_planter_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"create role {role} nologin")
+    yield role
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"drop owned by {role}")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"drop role if exists {role}")
+
+
+# Exact-type overloads beat pg_catalog's polymorphic cardinality(anyarray) wherever `public`
+# is on the path; each records that it ran.
+PLANTED = """
+create function public.cardinality(a {type}) returns integer language sql volatile
+as $$ select pg_catalog.length(pg_catalog.set_config('kbpg_test.planted', 'ran', false)) * 0
+             + pg_catalog.cardinality(a::anyarray) $$
+"""
+
+
+def test_a_function_planted_in_public_is_never_called(db_url: str, planter: str) -> None:
+    with kdb.connect(db_url) as conn:
+        conn.execute(f"grant create on schema public to {planter}")
+        conn.execute(f"set role {planter}")
+        for type_ in ("bigint[]", "text[]", "integer[]"):
+            conn.execute(PLANTED.format(type=type_))
+        conn.execute("reset role")
+        conn.execute("select kb.set_embedding_space('planted-model', 3)")
+        doc = conn.execute(
+            "insert into kb.documents (source, content_hash, groups) values ('p', 'h', '{team}')"
+            " returning id"
+        ).fetchone()[0]
+        chunks = [
+            conn.execute(
+                "insert into kb.chunks (document_id, ordinal, content, groups, embedding)"
+                " values (%s, %s, %s, '{team}', %s::vector) returning id",
+                (doc, i, text, vec(v)),
+            ).fetchone()[0]
+            for i, (text, v) in enumerate(
+                [
+                    ("renew parking permit", [1, 0, 0]),
+                    ("permit office", [0.9, 0.1, 0]),
+                    ("bicycle storage", [0, 1, 0]),
+                ]
+            )
+        ]
+        conn.execute(
+            "insert into kb.edges values (%s, %s, 'link', 0.9), (%s, %s, 'link', 0.8)",
+            (chunks[0], chunks[2], chunks[1], chunks[2]),
+        )
+        conn.execute("select kb.refresh_lexical_index()")
+        conn.commit()
+
+        conn.execute("set search_path = public, pg_catalog")
+        conn.execute("select cardinality('{1,2}'::bigint[])")  # the trap is live
+        assert conn.execute("select current_setting('kbpg_test.planted')").fetchone() == ("ran",)
+        conn.execute("set kbpg_test.planted = ''")
+        conn.execute("set kb.lexical_exhaustive_limit = 0")  # through the impact cache too
+        emb = vec([1, 0, 0])
+        calls = [
+            (
+                "select * from kb.search('renew permit', %s::vector, use_graph => true,"
+                " groups => '{team}', labels => '{}')",
+                (emb,),
+            ),
+            ("select * from kb.search('permit -bicycle', use_graph => true)", None),
+            ("select * from kb.search_vector(%s::vector, 5, groups => '{team}')", (emb,)),
+            ("select * from kb.search_lexical('renew permit storage', 5)", None),
+            ("select * from kb.search_lexical('permit', 5, groups => '{team}')", None),
+            (
+                "select * from kb.expand_graph(%s::bigint[], 3, 10, 0.1, groups => '{team}')",
+                ([chunks[0]],),
+            ),
+            ("select * from kb.fuse_rrf('{1,2}', '{2,3}', '{3}')", None),
+            ("select * from kb.cap_per_document('{1,2}', '{1,1}', 1)", None),
+        ]
+        for sql, params in calls:
+            assert conn.execute(sql, params).fetchall(), sql
+            assert conn.execute("select current_setting('kbpg_test.planted')").fetchone() == (
+                "",
+            ), f"a function planted in public ran inside: {sql}"
 
 
 def test_known_functions_declare_the_expected_volatility(functions):
