@@ -54,12 +54,31 @@ def resolve_url(settings: Settings) -> str:
 
 
 def register_types(conn: psycopg.Connection[Any]) -> None:
-    """Register pgvector's types on a connection when the extension is installed."""
-    from pgvector.psycopg import register_vector
+    """Register pgvector's types on a connection when the extension is installed, in whatever
+    schema it lives (Supabase: `extensions`, often off the search_path)."""
+    from pgvector.psycopg.bit import register_bit_info
+    from pgvector.psycopg.halfvec import register_halfvec_info
+    from pgvector.psycopg.sparsevec import register_sparsevec_info
+    from pgvector.psycopg.vector import register_vector_info
+    from psycopg import sql
+    from psycopg.types import TypeInfo
 
-    with contextlib.suppress(psycopg.ProgrammingError):
-        register_vector(conn)
-    # register_vector runs a query; leave no transaction open behind it
+    row = conn.execute(
+        "select n.nspname from pg_catalog.pg_extension e"
+        " join pg_catalog.pg_namespace n on n.oid = e.extnamespace where e.extname = 'vector'"
+    ).fetchone()
+    if row is not None:
+        schema = str(row[0])
+        register_vector_info(conn, TypeInfo.fetch(conn, sql.Identifier(schema, "vector")))
+        register_bit_info(conn, TypeInfo.fetch(conn, "bit"))
+        for name, register in (
+            ("halfvec", register_halfvec_info),
+            ("sparsevec", register_sparsevec_info),
+        ):
+            info = TypeInfo.fetch(conn, sql.Identifier(schema, name))
+            if info is not None:
+                register(conn, info)
+    # the queries above opened a transaction; leave none behind
     if not conn.autocommit:
         conn.rollback()
 
@@ -209,6 +228,21 @@ def _run_alembic(url: str, action: str, revision: str) -> None:
 def upgrade(url: str, revision: str = "head") -> None:
     """Alembic upgrade; at head the sql/ function files are re-applied in the same transaction."""
     _run_alembic(url, "upgrade", revision)
+
+
+def upgrade_script(revision: str = "head", *, vector_schema: str = "public") -> str:
+    """The migration to `revision` as a psql script, for a DBA to review and run (offline:
+    no database is read, so a partial upgrade names its start, e.g. `0003:head`)."""
+    import io
+
+    from alembic import command
+
+    buffer = io.StringIO()
+    config = alembic_config()
+    config.output_buffer = buffer
+    config.attributes["vector_schema"] = vector_schema
+    command.upgrade(config, revision, sql=True)
+    return buffer.getvalue()
 
 
 def downgrade(url: str, revision: str) -> None:

@@ -268,6 +268,50 @@ class EmbeddedServer:
             self._run(["pg_ctl", "-D", str(self.pgdata), "-m", "fast", "-w", "-t", "60", "stop"])
             return True
 
+    def create_standby(self, home: Path) -> EmbeddedServer:
+        """A hot standby of this running server, in `home`, started: read-only, streaming WAL.
+
+        `pg_basebackup -R` (the wheel's own) copies the data directory over this server's
+        unix socket and writes the primary_conninfo that keeps it replaying; the copy gets its
+        own socket directory. Reads (kb.search and friends) work on it; writes fail with
+        SQLSTATE 25006. `kbpg db stop` with KBPG_HOME=home stops it like any embedded server.
+        """
+        info = _read_postmaster_pid(self.pgdata)
+        if info is None or not _is_postmaster(info[0], self.pgdata):
+            raise ServerError("the primary is not running", hint="run `kbpg db start` first")
+        _, primary_socket, port = info
+        standby = EmbeddedServer(home, durable=self.durable)
+        with standby._lock():
+            if (standby.pgdata / "PG_VERSION").exists():
+                raise ServerError(f"{standby.pgdata} already holds a database")
+            standby._prepare_data_dir()
+            standby._run(
+                [
+                    "pg_basebackup",
+                    "--pgdata",
+                    str(standby.pgdata),
+                    "--write-recovery-conf",
+                    "--wal-method=stream",
+                    "--checkpoint=fast",
+                    "--host",
+                    str(primary_socket or self.pgdata),
+                    "--port",
+                    str(port),
+                    "--username",
+                    SUPERUSER,
+                ],
+                timeout=600,
+            )
+            # the primary's socket lock sits in its data directory, and comes along
+            for lock in standby.pgdata.glob(".s.PGSQL.*"):
+                lock.unlink()
+            with open(standby.pgdata / "postgresql.conf", "a") as conf:
+                conf.write("\n# kbpg embedded standby\n")
+                conf.write(f"unix_socket_directories = '{_socket_dir_for(standby.pgdata)}'\n")
+                conf.write("hot_standby = on\n")
+            standby._pg_ctl_start()
+        return standby
+
     # -- internals ----------------------------------------------------------------------
 
     @contextlib.contextmanager
@@ -324,7 +368,8 @@ class EmbeddedServer:
                     "e.g. /var/lib/kbpg",
                 )
 
-    def _initdb(self) -> None:
+    def _prepare_data_dir(self) -> None:
+        """An empty data directory (and log file) the server's OS user owns."""
         self.home.mkdir(parents=True, exist_ok=True)
         self.pgdata.mkdir(mode=0o700, exist_ok=True)
         if _running_as_root():
@@ -333,6 +378,9 @@ class EmbeddedServer:
             os.chown(self.pgdata, user.pw_uid, user.pw_gid)
             self.log_file.touch()
             os.chown(self.log_file, user.pw_uid, user.pw_gid)
+
+    def _initdb(self) -> None:
+        self._prepare_data_dir()
         self._run(
             [
                 "initdb",
@@ -416,7 +464,9 @@ class EmbeddedServer:
 
         with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
             exists = conn.execute(
-                "select 1 from pg_catalog.pg_database where datname = %s", (DATABASE_NAME,)
+                "select 1 from pg_catalog.pg_database where datname = %s"
+                " union all select 1 where pg_catalog.pg_is_in_recovery()",  # a standby: as is
+                (DATABASE_NAME,),
             ).fetchone()
             if exists is None:
                 conn.execute(f'create database "{DATABASE_NAME}"')

@@ -20,10 +20,11 @@ import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 import pytest
+from psycopg import sql
 
 from kbpg import db as kdb
 
@@ -205,3 +206,87 @@ def npl_dir() -> Path:
             pytest.fail(message)
         pytest.skip(message)
     return NPL_DIR
+
+
+# -- least privilege: a non-superuser role that owns its database ------------------------------
+
+
+def with_user(url: str, user: str, password: str) -> str:
+    """The same server URL, logging in as another role."""
+    parts = urlsplit(url)
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{quote(user)}:{quote(password)}@{host}"))
+
+
+@pytest.fixture(scope="session")
+def owner_role(admin_url: str) -> Iterator[tuple[str, str]]:
+    """(name, password) of a login role with no SUPERUSER, CREATEDB or CREATEROLE — what a DBA
+    hands an application. Dropped at the end of the session, with the databases it owns."""
+    name, password = f"kbpg_owner_{uuid.uuid4().hex[:8]}", uuid.uuid4().hex
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(
+            sql.SQL("create role {} login password {}").format(
+                sql.Identifier(name), sql.Literal(password)
+            )
+        )
+    try:
+        yield name, password
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            owned = conn.execute(
+                "select datname from pg_catalog.pg_database d"
+                " join pg_catalog.pg_roles r on r.oid = d.datdba where r.rolname = %s",
+                (name,),
+            ).fetchall()
+            for (database,) in owned:
+                drop_database(admin_url, database)
+            conn.execute(sql.SQL("drop role if exists {}").format(sql.Identifier(name)))
+
+
+@pytest.fixture
+def owned_database(admin_url: str, owner_role: tuple[str, str]) -> Iterator[Callable[..., str]]:
+    """Factory: a new database and the URL `owner_role` logs in with.
+
+    The admin's one-time statements (README "Using your own PostgreSQL") run first:
+    `vector_schema="public"` -> CREATE EXTENSION vector; another name -> CREATE SCHEMA name,
+    GRANT USAGE ON SCHEMA name TO role, CREATE EXTENSION vector SCHEMA name (Supabase:
+    `extensions`); None -> no extension. `owned=False`: the admin keeps the database and
+    grants the role CONNECT and TEMPORARY only.
+    """
+    role, password = owner_role
+    created: list[str] = []
+
+    def make(vector_schema: str | None = "public", owned: bool = True) -> str:
+        name = f"kbpg_t_{uuid.uuid4().hex[:12]}"
+        created.append(name)
+        url = create_database(admin_url, name)
+        with psycopg.connect(url, autocommit=True) as conn:
+            if owned:
+                conn.execute(
+                    sql.SQL("alter database {} owner to {}").format(
+                        sql.Identifier(name), sql.Identifier(role)
+                    )
+                )
+            else:
+                conn.execute(
+                    sql.SQL("revoke create on database {} from public").format(sql.Identifier(name))
+                )
+                conn.execute(
+                    sql.SQL("grant connect, temporary on database {} to {}").format(
+                        sql.Identifier(name), sql.Identifier(role)
+                    )
+                )
+            if vector_schema == "public":
+                conn.execute("create extension if not exists vector")
+            elif vector_schema is not None:
+                schema = sql.Identifier(vector_schema)
+                conn.execute(sql.SQL("create schema {}").format(schema))
+                conn.execute(
+                    sql.SQL("grant usage on schema {} to {}").format(schema, sql.Identifier(role))
+                )
+                conn.execute(sql.SQL("create extension vector schema {}").format(schema))
+        return with_user(url, role, password)
+
+    yield make
+    for name in created:
+        drop_database(admin_url, name)
