@@ -281,6 +281,15 @@ def sql_function_text(path: Path, schema: str) -> str:
     return path.read_text().replace(EXTSCHEMA_VECTOR, schema)
 
 
+def sql_function_statements(schema: str) -> list[str]:
+    """What applying the sql/ files runs, in order; also the end of the `--sql` script."""
+    return [
+        f"select '[1]'::{schema}.vector;  -- loads vector.so, so SET hnsw.* is known",
+        "select pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);",
+        *(sql_function_text(path, schema) for path in sql_files()),
+    ]
+
+
 def apply_sql_functions(connection: Any) -> None:
     """Run every sql/NNN-*.sql file on a SQLAlchemy connection (CREATE OR REPLACE, idempotent).
 
@@ -293,10 +302,8 @@ def apply_sql_functions(connection: Any) -> None:
     raw = connection.execution_options(no_parameters=True)
     schema = vector_schema(raw)
     saved = raw.exec_driver_sql("select pg_catalog.current_setting('search_path')").scalar()
-    raw.exec_driver_sql(f"select '[1]'::{schema}.vector")
-    raw.exec_driver_sql("select pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true)")
-    for path in sql_files():
-        raw.exec_driver_sql(sql_function_text(path, schema))
+    for statement in sql_function_statements(schema):
+        raw.exec_driver_sql(statement)
     connection.exec_driver_sql(
         "select pg_catalog.set_config('search_path', %(path)s, true)", {"path": saved}
     )

@@ -208,14 +208,8 @@ def run_migrations_offline() -> None:
         targets = {destination} if isinstance(destination, str) else set(destination or ())
         if "heads" in targets or "head" in targets or _at_head(targets):
             context.static_output(f"-- sql/ function files, pgvector in schema {schema}")
-            context.static_output(
-                f"select '[1]'::{schema}.vector;  -- loads vector.so (SET hnsw.*)"
-            )
-            context.static_output(
-                "select pg_catalog.set_config('search_path', 'pg_catalog, pg_temp', true);"
-            )
-            for path in db.sql_files():
-                context.static_output(path.read_text().replace("@extschema:vector@", schema))
+            for statement in db.sql_function_statements(schema):
+                context.static_output(statement)
 
 
 if context.is_offline_mode():
