@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import pytest
+
 from kbpg import db as kdb
 from kbpg.server import _binaries_dir
 from tests.helpers import clean_env, run_kbpg
@@ -67,3 +69,23 @@ def test_sql_script_stops_at_the_first_error(
     assert 'syntax error at or near "kaputt"' in ran.stderr
     with kdb.connect(url) as conn:
         assert conn.execute("select to_regnamespace('kb')").fetchone() == (None,)
+
+
+@pytest.mark.least_privilege
+def test_script_for_schema_extensions_run_by_the_owner(
+    owned_database: Callable[..., str], tmp_path: Path
+) -> None:
+    """As the README says: the owner runs the reviewed script; pgvector (made by the admin)
+    lives in `extensions`, off the owner's search_path."""
+    url = owned_database(vector_schema="extensions")
+    script = tmp_path / "kbpg-upgrade.sql"
+    script.write_text(kdb.upgrade_script("head", vector_schema="extensions"))
+    ran = _psql(url, script)
+    assert ran.returncode == 0, ran.stderr
+    check = run_kbpg("db", "check", env=clean_env(KBPG_DATABASE_URL=url))
+    assert check.returncode == 0, check.stderr
+    with kdb.connect(url) as conn:
+        row = conn.execute(
+            "select pg_get_function_identity_arguments('kb.search_vector'::regproc)"
+        ).fetchone()
+    assert row is not None and row[0].startswith("query_embedding extensions.vector")
