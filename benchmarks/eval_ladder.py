@@ -17,19 +17,19 @@ from kbpg.db import resolve_url
 from kbpg.embedding import get_embedder
 
 LADDER: list[tuple[str, ev.SearchOptions]] = [
-    ("defaults (pool x4, cap 3, k 60, w 1/1)", ev.SearchOptions()),
-    ("fetch_multiplier 1", ev.SearchOptions(fetch_multiplier=1)),
-    ("fetch_multiplier 2", ev.SearchOptions(fetch_multiplier=2)),
-    ("fetch_multiplier 8", ev.SearchOptions(fetch_multiplier=8)),
-    ("fetch_multiplier 16", ev.SearchOptions(fetch_multiplier=16)),
-    ("max_per_doc 1", ev.SearchOptions(max_per_doc=1)),
-    ("rrf_k 10", ev.SearchOptions(rrf_k=10)),
-    ("rrf_k 120", ev.SearchOptions(rrf_k=120)),
-    ("vector_weight 0.5", ev.SearchOptions(vector_weight=0.5)),
-    ("vector_weight 2", ev.SearchOptions(vector_weight=2.0)),
-    ("lexical_weight 0.5", ev.SearchOptions(lexical_weight=0.5)),
-    ("lexical_weight 2", ev.SearchOptions(lexical_weight=2.0)),
-    ("min_similarity 0", ev.SearchOptions(min_similarity=0.0)),
+    ("defaults (pool x4, cap 3, k 60, w 1/1)", {}),
+    ("fetch_multiplier 1", {"fetch_multiplier": 1}),
+    ("fetch_multiplier 2", {"fetch_multiplier": 2}),
+    ("fetch_multiplier 8", {"fetch_multiplier": 8}),
+    ("fetch_multiplier 16", {"fetch_multiplier": 16}),
+    ("max_per_doc 1", {"max_per_doc": 1}),
+    ("rrf_k 10", {"rrf_k": 10}),
+    ("rrf_k 120", {"rrf_k": 120}),
+    ("vector_weight 0.5", {"vector_weight": 0.5}),
+    ("vector_weight 2", {"vector_weight": 2.0}),
+    ("lexical_weight 0.5", {"lexical_weight": 0.5}),
+    ("lexical_weight 2", {"lexical_weight": 2.0}),
+    ("min_similarity 0", {"min_similarity": 0.0}),
 ]
 
 

@@ -7,17 +7,37 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
+    from kbpg.app import KnowledgeBase, Principal
+    from kbpg.request import SearchRequest
     from kbpg.search import Chunk, Retriever, SearchResult, Source
 
-__all__ = ["Chunk", "Retriever", "SearchResult", "Source", "__version__"]
+__all__ = [
+    "Chunk",
+    "KnowledgeBase",
+    "Principal",
+    "Retriever",
+    "SearchRequest",
+    "SearchResult",
+    "Source",
+    "__version__",
+]
 
 # Imported on first use, so that `import kbpg` (and the CLI's start) stays cheap.
-_LAZY = {"Chunk", "Retriever", "SearchResult", "Source"}
+_LAZY = {
+    "Chunk": "kbpg.search",
+    "KnowledgeBase": "kbpg.app",
+    "Principal": "kbpg.app",
+    "Retriever": "kbpg.search",
+    "SearchRequest": "kbpg.request",
+    "SearchResult": "kbpg.search",
+    "Source": "kbpg.search",
+}
 
 
 def __getattr__(name: str) -> Any:
-    if name in _LAZY:
-        from kbpg import search
+    module = _LAZY.get(name)
+    if module is not None:
+        import importlib
 
-        return getattr(search, name)
+        return getattr(importlib.import_module(module), name)
     raise AttributeError(f"module 'kbpg' has no attribute {name!r}")

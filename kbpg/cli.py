@@ -15,9 +15,11 @@ import click
 
 from kbpg import __version__
 from kbpg.config import CLI_DEFAULT_TOP, Settings
-from kbpg.errors import KbpgError
+from kbpg.errors import InvalidInput, KbpgError
+from kbpg.request import OPTIONS, TUNING_OPTIONS, Option
 
 if TYPE_CHECKING:
+    from kbpg.app import KnowledgeBase
     from kbpg.db import SchemaStatus
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -45,6 +47,12 @@ class AppContext:
 
             self._url = resolve_url(self.settings)
         return self._url
+
+    def knowledge_base(self, embedder: str | None = None) -> KnowledgeBase:
+        """The application object over one connection (a CLI call is one unit of work)."""
+        from kbpg.app import KnowledgeBase
+
+        return KnowledgeBase(self.url, settings=self.settings, pool_size=1, embedder_name=embedder)
 
 
 def handle_errors(func: F) -> F:
@@ -87,6 +95,66 @@ def main(ctx: click.Context, debug: bool) -> None:
 
 
 pass_app = click.make_pass_decorator(AppContext)
+
+# Options shared by several commands, declared once.
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON on stdout (`[]` or `{}` shapes for scripts).",
+)
+embedder_option = click.option(
+    "--embedder",
+    "embedder_name",
+    metavar="NAME",
+    default=None,
+    help="Embedding provider: minilm (offline) or openai  [env var: KBPG_EMBEDDER; "
+    "default: minilm].",
+)
+
+
+def _search_option(name: str, option: Option, default: Any = None) -> Callable[[F], F]:
+    """The click option of one SearchRequest field, from its metadata."""
+    flag = option.flag or "--" + name.replace("_", "-")
+    notes = []
+    if default is None:
+        notes += [f"env var: {option.env}"] if option.env else []
+        notes += [f"default: {option.default_note}"] if option.default_note else []
+    help_text = option.help + (f"  [{'; '.join(notes)}]" if notes else "")
+    decls = [flag, *([option.short] if option.short else []), name]
+    kwargs: dict[str, Any] = {"help": help_text, "default": default}
+    if default is not None:
+        kwargs["show_default"] = True
+    if option.kind == "bool" and option.env:  # on/off/unset (the setting decides)
+        decls[0] = f"{flag}/--no-{flag[2:]}"
+    elif option.kind == "bool":
+        kwargs.update(is_flag=True, default=None, flag_value=True)
+    elif option.kind == "int":
+        kwargs["type"] = click.IntRange(_bound(option.minimum), _bound(option.maximum))
+    elif option.kind == "float":
+        kwargs["type"] = click.FloatRange(option.minimum, option.maximum)
+    elif option.kind == "texts":
+        kwargs.update(multiple=True, metavar=option.metavar, default=())
+    else:
+        kwargs["metavar"] = option.metavar
+    return click.option(*decls, **kwargs)
+
+
+def _bound(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def search_options(
+    options: dict[str, Option], defaults: dict[str, Any] | None = None
+) -> Callable[[F], F]:
+    """Every given SearchRequest field as a click option, in declaration order."""
+
+    def decorate(func: F) -> F:
+        for name, option in reversed(options.items()):
+            func = _search_option(name, option, (defaults or {}).get(name))(func)
+        return func
+
+    return decorate
 
 
 # -- kbpg db ----------------------------------------------------------------------------------
@@ -148,11 +216,11 @@ def db_status(app: AppContext) -> None:
             return
         assert status.url is not None
         url = status.url
+    from kbpg import queries
+
     with kdb.connect(url) as conn:
-        version = conn.execute("show server_version").fetchone()
-        vector = conn.execute(
-            "select extversion from pg_catalog.pg_extension where extname = 'vector'"
-        ).fetchone()
+        version = conn.execute(queries.SERVER_VERSION).fetchone()
+        vector = conn.execute(queries.VECTOR_VERSION).fetchone()
         schema = kdb.schema_status(conn)
     click.echo(f"postgresql: {version[0] if version else '?'}")
     click.echo(f"pgvector: {vector[0] if vector else 'not installed'}")
@@ -269,22 +337,14 @@ def db_check(app: AppContext) -> None:
     "[default: hybrid,vector,lexical, plus graph when ingest made edges].",
 )
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv.")
-@click.option("--embedder", default=None, help="Embedding provider [env KBPG_EMBEDDER].")
-@click.option(
-    "--min-similarity", type=click.FloatRange(-1, 1), help="kb.search/kb.search_vector floor."
-)
-@click.option("--fetch-multiplier", type=click.IntRange(1), help="kb.search candidate pool factor.")
-@click.option("--max-per-doc", type=click.IntRange(1), help="kb.search per-document cap.")
-@click.option("--rrf-k", type=click.IntRange(1), help="kb.search RRF constant.")
-@click.option("--vector-weight", type=click.FloatRange(0), help="kb.search vector arm weight.")
-@click.option("--lexical-weight", type=click.FloatRange(0), help="kb.search lexical arm weight.")
-@click.option("--graph-weight", type=click.FloatRange(0), help="kb.search graph arm weight.")
+@embedder_option
+@search_options(TUNING_OPTIONS)
 @click.option(
     "--save-runs",
     type=click.Path(path_type=Path, file_okay=False),
     help="Write each arm's ranking as a TREC run file <DIR>/<arm>.run.",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the report as JSON.")
+@json_option
 @click.option(
     "--keep", is_flag=True, help="Keep the evaluation database (its name goes to stderr)."
 )
@@ -298,7 +358,7 @@ def eval_command(
     depth: int,
     arms: str | None,
     split: str,
-    embedder: str | None,
+    embedder_name: str | None,
     save_runs: Path | None,
     as_json: bool,
     keep: bool,
@@ -317,16 +377,17 @@ def eval_command(
 
     dataset = ev.load_beir(dataset_dir, split)
     chosen = ev.parse_arms(arms)
-    model = get_embedder(app.settings, embedder)
+    model = get_embedder(app.settings, embedder_name)
     report = ev.evaluate(
         app.url,
         dataset,
         model,
         arms=chosen,
         cutoffs=ev.Cutoffs(top_k=top_k, depth=depth),
-        options=ev.SearchOptions(**search_options),
+        options=search_options,
         keep=keep,
         progress=lambda message: click.echo(message, err=True),
+        settings=app.settings,
     )
     if report.database:
         click.echo(f"kept evaluation database {report.database}", err=True)
@@ -341,7 +402,7 @@ def eval_command(
 
 
 def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from kbpg.search import validate_query
+    from kbpg.request import validate_query
 
     try:
         return validate_query(value)
@@ -349,76 +410,44 @@ def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) ->
         raise click.BadParameter(exc.message, ctx=ctx, param=param) from None
 
 
+_SEARCH_OPTIONS = {name: option for name, option in OPTIONS.items() if name != "query"}
+
+
 @main.command()
 @click.argument("query", callback=_searchable_query)
-@click.option(
-    "--top",
-    "-k",
-    type=click.IntRange(1, 1000),
-    default=CLI_DEFAULT_TOP,
-    show_default=True,
-    help="Number of chunks to return.",
-)
-@click.option("--group", "groups", multiple=True, help="Only documents in group G (repeatable).")
-@click.option("--category", help="Only documents of category C.")
-@click.option("--label", "labels", multiple=True, help="Only chunks labelled L (repeatable).")
-@click.option(
-    "--min-similarity",
-    type=click.FloatRange(-1.0, 1.0),
-    help="Similarity floor of the vector arm.  [default: 0.30, set in SQL]",
-)
-@click.option("--graph", is_flag=True, help="Add the graph arm (edges from the vector hits).")
-@click.option(
-    "--lexical/--no-lexical",
-    default=None,
-    help="Run the BM25 arm.  [env var: KBPG_HYBRID_LEXICAL_ENABLED; default: on]",
-)
+@search_options(_SEARCH_OPTIONS, defaults={"top": CLI_DEFAULT_TOP})
 @click.option("--explain", is_flag=True, help="Per-arm ranks and timings on stderr.")
-@click.option("--json", "as_json", is_flag=True, help="Print {context, sources, chunks} as JSON.")
+@json_option
 @click.option("--context", "context_only", is_flag=True, help="Print only the context block.")
-@click.option(
-    "--embedder",
-    metavar="NAME",
-    help="Embedding provider of the knowledge base  [env: KBPG_EMBEDDER; default: minilm].",
-)
+@embedder_option
 @pass_app
 @handle_errors
 def search(
     app: AppContext,
+    /,
     query: str,
-    top: int,
-    groups: tuple[str, ...],
-    category: str | None,
-    labels: tuple[str, ...],
-    min_similarity: float | None,
-    graph: bool,
-    lexical: bool | None,
     explain: bool,
     as_json: bool,
     context_only: bool,
-    embedder: str | None,
+    embedder_name: str | None,
+    **options: Any,
 ) -> None:
     """Search the knowledge base for QUERY (TOON rows by default).
 
     The query is plain text (websearch syntax for the BM25 arm); it is never run as SQL.
-    Database: KBPG_DATABASE_URL; model: KBPG_EMBEDDER.
+    --json prints {context, sources, chunks}. Database: KBPG_DATABASE_URL; model: KBPG_EMBEDDER.
     """
     if as_json and context_only:
         raise click.UsageError("--json and --context cannot be used together")
     from kbpg import output
-    from kbpg.search import Retriever
+    from kbpg.request import SearchRequest
 
-    with Retriever.from_env(app.settings, embedder=embedder, pool_size=1) as retriever:
-        result = retriever.search(
-            query,
-            top=top,
-            groups=groups,
-            category=category,
-            labels=labels,
-            min_similarity=min_similarity,
-            graph=graph,
-            lexical=lexical,
-        )
+    try:
+        request = SearchRequest(query, **options)
+    except InvalidInput as exc:
+        raise click.UsageError(exc.message) from None
+    with app.knowledge_base(embedder_name) as kb:
+        result = kb.search(request)
     for notice in result.notices:
         click.echo(f"Notice: {notice}", err=True)
     if as_json:
@@ -456,14 +485,6 @@ def serve(app: AppContext, host: str, port: int, pool_size: int) -> None:
 
 
 # -- kbpg ingest / documents / stats / reembed / embed ------------------------------------------
-
-_EMBEDDER_OPTION = click.option(
-    "--embedder",
-    "embedder_name",
-    metavar="NAME",
-    default=None,
-    help="Embedding provider: minilm (offline, default) or openai [env: KBPG_EMBEDDER].",
-)
 
 
 class _ProgressLine:
@@ -518,7 +539,7 @@ def _summary_line(summary: Any) -> str:
 @click.option("-r", "--recursive", is_flag=True, help="Descend into subdirectories.")
 @click.option("--glob", metavar="PATTERN", help="Only files matching PATTERN (e.g. '*.md').")
 @click.option("--prune", is_flag=True, help="Remove documents whose files under PATHS are gone.")
-@_EMBEDDER_OPTION
+@embedder_option
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
@@ -526,7 +547,7 @@ def _summary_line(summary: Any) -> str:
     show_default=True,
     help="Documents per transaction (a kill loses at most one batch, never half a document).",
 )
-@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON on stdout.")
+@json_option
 @pass_app
 @handle_errors
 def ingest(
@@ -550,23 +571,21 @@ def ingest(
     """
     import json
 
-    from kbpg.embedding import get_embedder
     from kbpg.ingest import ingest_paths
 
-    embedder = get_embedder(app.settings, embedder_name)
-    summary = ingest_paths(
-        app.url,
-        list(paths),
-        embedder,
-        recursive=recursive,
-        glob=glob,
-        groups=groups,
-        category=category,
-        labels=labels,
-        prune=prune,
-        progress=_ProgressLine("ingest"),
-        batch_documents=batch_size,
-    )
+    with app.knowledge_base(embedder_name) as kb:
+        summary = ingest_paths(
+            kb,
+            list(paths),
+            recursive=recursive,
+            glob=glob,
+            groups=groups,
+            category=category,
+            labels=labels,
+            prune=prune,
+            progress=_ProgressLine("ingest"),
+            batch_documents=batch_size,
+        )
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", nl=False, err=True)
     click.echo(_summary_line(summary), err=True)
@@ -583,16 +602,17 @@ def documents() -> None:
 
 @documents.command("list")
 @click.option("--group", metavar="G", help="Only documents in group G.")
-@click.option("--json", "as_json", is_flag=True, help="Print JSON (`[]` when empty).")
+@json_option
 @pass_app
 @handle_errors
 def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
     """List documents: source, title, category, groups, chunk count (tab-separated)."""
     import json
 
-    from kbpg.ingest import list_documents
+    from kbpg.maintenance import list_documents
 
-    docs = list_documents(app.url, group=group)
+    with app.knowledge_base() as kb:
+        docs = list_documents(kb, group=group)
     if as_json:
         click.echo(json.dumps([d.as_dict() for d in docs], indent=2))
         return
@@ -608,9 +628,10 @@ def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
 @handle_errors
 def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
     """Delete documents (their chunks and edges) by SOURCE; a file path may be relative."""
-    from kbpg.ingest import delete_documents
+    from kbpg.maintenance import delete_documents
 
-    deleted, missing = delete_documents(app.url, list(sources))
+    with app.knowledge_base() as kb:
+        deleted, missing = delete_documents(kb, list(sources))
     for source in deleted:
         click.echo(f"deleted {source}")
     if missing:
@@ -621,16 +642,17 @@ def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
 
 
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@json_option
 @pass_app
 @handle_errors
 def stats(app: AppContext, as_json: bool) -> None:
     """Documents, chunks, edges, embedding space, BM25 statistics and index sizes."""
     import json
 
-    from kbpg.ingest import stats as kb_stats
+    from kbpg.maintenance import stats as kb_stats
 
-    data = kb_stats(app.url)
+    with app.knowledge_base() as kb:
+        data = kb_stats(kb)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -664,16 +686,17 @@ def _human_bytes(size: int) -> str:
 
 
 @main.command()
-@_EMBEDDER_OPTION
+@embedder_option
 @pass_app
 @handle_errors
 def reembed(app: AppContext, embedder_name: str | None) -> None:
     """Rebuild every vector with another embedding model (one transaction: all or nothing)."""
     from kbpg.embedding import get_embedder
-    from kbpg.ingest import reembed as run_reembed
+    from kbpg.maintenance import reembed as run_reembed
 
     embedder = get_embedder(app.settings, embedder_name)
-    summary = run_reembed(app.url, embedder, progress=_ProgressLine("reembed"))
+    with app.knowledge_base() as kb:
+        summary = run_reembed(kb, embedder, progress=_ProgressLine("reembed"))
     click.echo(
         f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
         f"({embedder.dimension}-d) in {summary.total_s:.1f} s",
@@ -683,7 +706,7 @@ def reembed(app: AppContext, embedder_name: str | None) -> None:
 
 @main.command()
 @click.argument("text")
-@_EMBEDDER_OPTION
+@embedder_option
 @pass_app
 @handle_errors
 def embed(app: AppContext, text: str, embedder_name: str | None) -> None:

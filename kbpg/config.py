@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,13 +11,25 @@ from kbpg.errors import ConfigError
 
 DEFAULT_MAX_CHUNKS = 8
 CLI_DEFAULT_TOP = 5
+# Per-transaction limits applied by KnowledgeBase.session (milliseconds; 0 = the server's).
+STATEMENT_TIMEOUT_MS = 30_000
+WRITE_STATEMENT_TIMEOUT_MS = 0  # ingest batches and reembed on big corpora run for minutes
+LOCK_TIMEOUT_MS = 10_000
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 300_000
+POOL_TIMEOUT_MS = 10_000
+
+
+def _env(name: str) -> str | None:
+    """The variable's value, stripped; None when unset or blank (the default applies)."""
+    raw = os.environ.get(name)
+    return raw.strip() if raw is not None and raw.strip() else None
 
 
 def _env_bool(name: str, default: bool) -> bool:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    raw = _env(name)
+    if raw is None:
         return default
-    value = raw.strip().lower()
+    value = raw.lower()
     if value in {"1", "true", "yes", "on"}:
         return True
     if value in {"0", "false", "no", "off"}:
@@ -39,13 +52,31 @@ def _env_float(name: str, default: float) -> float:
 
 
 def _env_number(name: str, default: float, parse: type[float] | type[int], kind: str) -> float:
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
+    raw = _env(name)
+    if raw is None:
         return default
     try:
         return parse(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not {kind}") from None
+
+
+_DURATION = re.compile(r"(\d+)\s*(ms|s|min|h)?")
+_UNIT_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
+
+
+def _env_duration_ms(name: str, default: int, minimum: int = 0) -> int:
+    """A duration in PostgreSQL's spelling (`30s`, `500ms`, `2min`; a bare number is ms)."""
+    raw = _env(name)
+    if raw is None:
+        return default
+    match = _DURATION.fullmatch(raw.lower())
+    if match is None:
+        raise ConfigError(f"{name}={raw!r} is not a duration", hint="use e.g. 30s, 500ms, 2min")
+    value = int(match.group(1)) * _UNIT_MS[match.group(2) or "ms"]
+    if value < minimum:
+        raise ConfigError(f"{name}={raw!r} must be at least {minimum} ms")
+    return value
 
 
 def default_home() -> Path:
@@ -73,6 +104,11 @@ class Settings:
     openai_api_key: str | None = field(repr=False)
     api_token: str | None = field(repr=False)
     models: ModelSettings = field(default_factory=lambda: ModelSettings())
+    statement_timeout_ms: int = STATEMENT_TIMEOUT_MS
+    write_statement_timeout_ms: int = WRITE_STATEMENT_TIMEOUT_MS
+    lock_timeout_ms: int = LOCK_TIMEOUT_MS
+    idle_in_transaction_timeout_ms: int = IDLE_IN_TRANSACTION_TIMEOUT_MS
+    pool_timeout_s: float = POOL_TIMEOUT_MS / 1000
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -89,6 +125,15 @@ class Settings:
             or os.environ.get("OPENAI_API_KEY"),
             api_token=os.environ.get("KBPG_API_TOKEN") or None,
             models=ModelSettings.from_env(),
+            statement_timeout_ms=_env_duration_ms("KBPG_STATEMENT_TIMEOUT", STATEMENT_TIMEOUT_MS),
+            write_statement_timeout_ms=_env_duration_ms(
+                "KBPG_WRITE_STATEMENT_TIMEOUT", WRITE_STATEMENT_TIMEOUT_MS
+            ),
+            lock_timeout_ms=_env_duration_ms("KBPG_LOCK_TIMEOUT", LOCK_TIMEOUT_MS),
+            idle_in_transaction_timeout_ms=_env_duration_ms(
+                "KBPG_IDLE_IN_TRANSACTION_TIMEOUT", IDLE_IN_TRANSACTION_TIMEOUT_MS
+            ),
+            pool_timeout_s=_env_duration_ms("KBPG_POOL_TIMEOUT", POOL_TIMEOUT_MS, minimum=1) / 1000,
         )
 
 

@@ -30,6 +30,10 @@ class ServerError(KbpgError):
     """The embedded PostgreSQL server could not be started, stopped or inspected."""
 
 
+class Busy(KbpgError):
+    """Every pooled database connection is in use: retry shortly."""
+
+
 class InvalidInput(KbpgError):
     """Bad input rejected by kbpg or by the SQL functions (SQLSTATE 22xxx and friends)."""
 
@@ -54,19 +58,40 @@ class IngestError(KbpgError):
     """A source could not be read or ingested."""
 
 
-# SQLSTATE classes / codes that mean "the schema is not there".
-_UNDEFINED_OBJECT_STATES = {"3F000", "42P01", "42883", "42704"}
+class PermissionDenied(KbpgError):
+    """The role a call runs as lacks a privilege (SQLSTATE 42501)."""
 
-# kbpg's own conditions (class KB), raised by the sql/ functions with a hint.
-_KB_STATES: dict[str, type[KbpgError]] = {
+
+class ReadOnlyDatabase(KbpgError):
+    """A write reached a read-only server, typically a hot standby (SQLSTATE 25006)."""
+
+
+class QueryTimeout(KbpgError):
+    """A statement ran past its statement_timeout, or was cancelled (SQLSTATE 57014)."""
+
+
+# kbpg's own conditions (class KB, raised by the sql/ functions with a hint) and the standard
+# SQLSTATEs kbpg gives a class of their own. Mapped by code only, never by message text.
+_BY_STATE: dict[str, type[KbpgError]] = {
     "KB001": EmbeddingSpaceMismatch,  # query or model vectors of another embedding space
     "KB002": EmbeddingSpaceMismatch,  # no embedding space recorded yet (no vectors)
     "KB003": QueryTooLarge,  # over the documented query cost bound
+    "42501": PermissionDenied,
+    "25006": ReadOnlyDatabase,
+    "57014": QueryTimeout,
+}
+_SCHEMA_MISSING_STATES = {"3F000", "42P01", "42883"}  # no schema / table / function
+_UNAVAILABLE_STATES = {"57P01", "57P02", "57P03", "53300"}  # shutdown, starting, too many
+_INVALID_STATES = {"42704", "23514"}  # undefined object (e.g. a text search config), check
+_HINTS = {
+    ReadOnlyDatabase: "this server is a read-only standby: write on the primary",
+    QueryTimeout: "the statement ran past KBPG_STATEMENT_TIMEOUT; narrow the query or raise it",
+    PermissionDenied: "grant the role the privilege, or run as a role that has it",
 }
 
 
 def from_psycopg(exc: psycopg.Error) -> KbpgError:
-    """Translate a psycopg error into the matching KbpgError, keeping the server's hint."""
+    """Translate a psycopg error into the matching KbpgError by SQLSTATE, keeping the hint."""
     diag = getattr(exc, "diag", None)
     state = getattr(exc, "sqlstate", None) or ""
     message = (diag.message_primary if diag is not None else None) or str(exc).strip()
@@ -77,13 +102,14 @@ def from_psycopg(exc: psycopg.Error) -> KbpgError:
             hint="check KBPG_DATABASE_URL, or unset it to use the embedded server "
             "(`kbpg db start`)",
         )
-    if state.startswith("08") or state in {"57P01", "57P02", "57P03", "53300"}:
+    if state.startswith("08") or state in _UNAVAILABLE_STATES:
         return DatabaseUnavailable(f"database unavailable: {message}", hint=hint)
-    if state in _UNDEFINED_OBJECT_STATES and ("kb." in message or '"kb"' in message):
+    if state in _SCHEMA_MISSING_STATES:
         return SchemaNotMigrated(f"kbpg schema missing: {message}", hint="run `kbpg db upgrade`")
-    if state in _KB_STATES:
-        return _KB_STATES[state](message, hint=hint)
-    if state.startswith("22") or state in {"42704", "23514"}:
+    kind = _BY_STATE.get(state)
+    if kind is not None:
+        return kind(message, hint=hint or _HINTS.get(kind))
+    if state.startswith("22") or state in _INVALID_STATES:
         return InvalidInput(message, hint=hint)
     return KbpgError(message, hint=hint)
 

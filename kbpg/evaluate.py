@@ -18,8 +18,11 @@ from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from kbpg import db as kdb
-from kbpg.config import DEFAULT_MAX_CHUNKS
+from kbpg import queries
+from kbpg.app import KnowledgeBase
+from kbpg.config import DEFAULT_MAX_CHUNKS, Settings
 from kbpg.errors import DatabaseUnavailable, InvalidInput, KbpgError, from_psycopg
+from kbpg.request import check_options, sql_arguments
 
 ARMS = ("hybrid", "vector", "lexical", "graph")
 DEFAULT_ARMS = ("hybrid", "vector", "lexical")
@@ -243,9 +246,7 @@ def _maintenance(url: str) -> Iterator[psycopg.Connection[Any]]:
 def drop_database(url: str, name: str) -> None:
     """Drop database `name` on url's server, closing its sessions first."""
     with _maintenance(url) as conn, kdb.translate_errors():
-        conn.execute(
-            sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
-        )
+        conn.execute(queries.drop_database(name))
 
 
 @contextlib.contextmanager
@@ -255,7 +256,7 @@ def throwaway_database(url: str, *, keep: bool = False) -> Iterator[str]:
     name = DATABASE_PREFIX + secrets.token_hex(6)
     with _maintenance(url) as conn:
         try:
-            conn.execute(sql.SQL("create database {}").format(sql.Identifier(name)))
+            conn.execute(queries.create_database(name))
         except psycopg.errors.InsufficientPrivilege as exc:
             raise KbpgError(
                 f"cannot create the evaluation database: {exc.diag.message_primary}",
@@ -275,29 +276,7 @@ def throwaway_database(url: str, *, keep: bool = False) -> Iterator[str]:
 # -- running the arms -------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class SearchOptions:
-    """kb.search parameters to pass through; None keeps the SQL default."""
-
-    min_similarity: float | None = None
-    fetch_multiplier: int | None = None
-    max_per_doc: int | None = None
-    rrf_k: int | None = None
-    vector_weight: float | None = None
-    lexical_weight: float | None = None
-    graph_weight: float | None = None
-
-    def arguments(self) -> dict[str, float | int]:
-        return {k: v for k, v in self.__dict__.items() if v is not None}
-
-
-def _call(function: str, args: Mapping[str, Any]) -> sql.Composed:
-    named = sql.SQL(", ").join(
-        sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name)) for name in args
-    )
-    return sql.SQL("select document_id from kb.{}({}) order by rank").format(
-        sql.Identifier(function), named
-    )
+SearchOptions = Mapping[str, Any]  # kb.search options by SearchRequest field name
 
 
 def _arm_call(
@@ -305,23 +284,20 @@ def _arm_call(
 ) -> tuple[sql.Composed, dict[str, Any]]:
     if arm == "vector":
         args: dict[str, Any] = {"query_embedding": embedding, "match_count": match_count}
-        if options.min_similarity is not None:
-            args["min_similarity"] = options.min_similarity
-        return _call("search_vector", args), args
+        args.update(sql_arguments({"min_similarity": options.get("min_similarity")}))
+        return queries.call_ranked_documents("search_vector", list(args)), args
     if arm == "lexical":
         args = {"query_text": text, "match_count": match_count}
-        return _call("search_lexical", args), args
-    args = {"query_text": text, "query_embedding": embedding, "match_count": match_count}
-    args.update(options.arguments())
-    if arm == "graph":
-        args["use_graph"] = True
-    return _call("search", args), args
+        return queries.call_ranked_documents("search_lexical", list(args)), args
+    args = sql_arguments({**options, "top": match_count, "graph": arm == "graph"})
+    args.update(query_text=text, query_embedding=embedding)
+    return queries.call_ranked_documents("search", list(args)), args
 
 
 def run_arm(
     conn: psycopg.Connection[Any],
     arm: str,
-    queries: Mapping[str, str],
+    texts: Mapping[str, str],
     embeddings: Mapping[str, Any],
     sources: Mapping[int, str],
     cutoffs: Cutoffs,
@@ -336,7 +312,7 @@ def run_arm(
     """
     runs: dict[str, list[str]] = {}
     with kdb.translate_errors():
-        for qid, text in queries.items():
+        for qid, text in texts.items():
             chunk_docs: list[int] = []
             for match_count in (cutoffs.top_k, cutoffs.depth):
                 query, args = _arm_call(arm, text, embeddings[qid], match_count, options)
@@ -389,6 +365,7 @@ class Collection:
     sources: Mapping[int, str] = field(repr=False)
     has_edges: bool
     timings: Mapping[str, float]
+    settings: Settings | None = field(default=None, repr=False)
 
     @property
     def queries(self) -> dict[str, str]:
@@ -396,7 +373,11 @@ class Collection:
 
 
 def ingest_collection(
-    eval_url: str, dataset: Dataset, embedder: Embedder, progress: Progress | None = None
+    eval_url: str,
+    dataset: Dataset,
+    embedder: Embedder,
+    progress: Progress | None = None,
+    settings: Settings | None = None,
 ) -> Collection:
     """Ingest the corpus (document source = corpus `_id`) and embed the judged queries."""
     from kbpg.ingest import Document, ingest_documents
@@ -405,26 +386,26 @@ def ingest_collection(
         progress(f"ingesting {len(dataset.corpus)} documents into {database_name(eval_url)}")
     clock = time.perf_counter()
     documents = [Document(source=d.id, title=d.title, text=d.text) for d in dataset.corpus]
-    ingest_documents(
-        eval_url,
-        documents,
-        embedder,
-        progress=(
-            (lambda p: progress(f"ingested {p.documents} documents, {p.chunks} chunks"))
-            if progress
-            else None
-        ),
-    )
-    ingest_s = time.perf_counter() - clock
+    with KnowledgeBase(eval_url, embedder, settings=settings, pool_size=1) as kb:
+        ingest_documents(
+            kb,
+            documents,
+            progress=(
+                (lambda p: progress(f"ingested {p.documents} documents, {p.chunks} chunks"))
+                if progress
+                else None
+            ),
+        )
+        ingest_s = time.perf_counter() - clock
+        with kb.session() as conn:
+            sources = {row[0]: row[1] for row in conn.execute(queries.ALL_DOCUMENTS)}
+            edges = conn.execute(queries.HAS_EDGES).fetchone()
 
     clock = time.perf_counter()
     query_ids = dataset.query_ids
     # one batched call; MiniLM and the OpenAI provider embed queries like documents
     vectors = embedder.embed_documents([dataset.queries[qid] for qid in query_ids])
     embed_s = time.perf_counter() - clock
-    with kdb.connect(eval_url) as conn, kdb.translate_errors():
-        sources = {row[0]: row[1] for row in conn.execute("select id, source from kb.documents")}
-        edges = conn.execute("select exists (select 1 from kb.edges)").fetchone()
     return Collection(
         url=eval_url,
         dataset=dataset,
@@ -432,6 +413,7 @@ def ingest_collection(
         sources=sources,
         has_edges=bool(edges and edges[0]),
         timings={"ingest_s": ingest_s, "embed_queries_s": embed_s},
+        settings=settings,
     )
 
 
@@ -439,26 +421,28 @@ def score_arms(
     collection: Collection,
     arms: Sequence[str] | None = None,
     cutoffs: Cutoffs = Cutoffs(),
-    options: SearchOptions = SearchOptions(),
+    options: SearchOptions | None = None,
     progress: Progress | None = None,
 ) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, list[str]]], dict[str, float]]:
     """Metrics, runs and search timings per arm; None = hybrid, vector, lexical (+graph
-    when the collection has edges)."""
+    when the collection has edges). `options` are kb.search options (SearchRequest names)."""
+    checked = check_options(options or {})
     chosen = tuple(arms) if arms else DEFAULT_ARMS + (("graph",) if collection.has_edges else ())
-    queries = collection.queries
+    texts = collection.queries
     metrics: dict[str, dict[str, float]] = {}
     runs: dict[str, dict[str, list[str]]] = {}
     timings: dict[str, float] = {}
-    with kdb.connect(collection.url) as conn:
+    with KnowledgeBase(collection.url, settings=collection.settings, pool_size=1) as kb:
         for arm in chosen:
             if progress:
-                progress(f"running {len(queries)} queries through the {arm} arm")
+                progress(f"running {len(texts)} queries through the {arm} arm")
             clock = time.perf_counter()
-            runs[arm] = run_arm(
-                conn, arm, queries, collection.embeddings, collection.sources, cutoffs, options
-            )
+            with kb.session() as conn:
+                runs[arm] = run_arm(
+                    conn, arm, texts, collection.embeddings, collection.sources, cutoffs, checked
+                )
             timings[f"search_{arm}_s"] = time.perf_counter() - clock
-            metrics[arm] = evaluate_run(collection.dataset.qrels, runs[arm], queries, cutoffs)
+            metrics[arm] = evaluate_run(collection.dataset.qrels, runs[arm], texts, cutoffs)
     return metrics, runs, timings
 
 
@@ -469,17 +453,19 @@ def evaluate(
     *,
     arms: Sequence[str] | None = None,
     cutoffs: Cutoffs = Cutoffs(),
-    options: SearchOptions = SearchOptions(),
+    options: SearchOptions | None = None,
     keep: bool = False,
     progress: Progress | None = None,
+    settings: Settings | None = None,
 ) -> EvalReport:
     """`kbpg eval`: ingest `dataset` into a throwaway database on url's server, run the
     arms, score them, drop the database unless `keep`."""
+    check_options(options or {})  # before the corpus is ingested, not after
     started = time.perf_counter()
     with throwaway_database(url, keep=keep) as eval_url:
         if progress:
             progress(f"evaluation database {database_name(eval_url)}")
-        collection = ingest_collection(eval_url, dataset, embedder, progress)
+        collection = ingest_collection(eval_url, dataset, embedder, progress, settings)
         metrics, runs, search_timings = score_arms(collection, arms, cutoffs, options, progress)
     timings = {**collection.timings, **search_timings, "total_s": time.perf_counter() - started}
     return EvalReport(

@@ -13,17 +13,23 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
+from kbpg import request as search_request
+from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
 from kbpg.errors import (
+    Busy,
     DatabaseUnavailable,
     EmbeddingSpaceMismatch,
     InvalidInput,
     KbpgError,
+    PermissionDenied,
+    QueryTimeout,
+    ReadOnlyDatabase,
     SchemaNotMigrated,
 )
-from kbpg.search import Chunk, Retriever, Source, validate_query
+from kbpg.search import Chunk, Source
 
 _log = logging.getLogger("uvicorn.error")
 
@@ -37,33 +43,51 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
-class SearchRequest(BaseModel):
-    """A search: the query and optional filters; omitted fields take kbpg's defaults."""
+_PYTHON_TYPES: dict[str, Any] = {
+    "query": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "text": str,
+    "texts": list[str],
+}
 
-    model_config = ConfigDict(extra="forbid")
 
-    query: str = Field(min_length=1, description="The question; plain text, never SQL.")
-    top: int | None = Field(
-        default=None, ge=1, le=1000, description="Chunks to return (KBPG_DEFAULT_MAX_CHUNKS)."
-    )
-    groups: list[str] | None = Field(default=None, description="Only these groups (any of).")
-    category: str | None = Field(default=None, description="Only this category.")
-    labels: list[str] | None = Field(default=None, description="Only chunks with these labels.")
-    min_similarity: float | None = Field(
-        default=None, ge=-1.0, le=1.0, description="Vector-arm similarity floor (0.30)."
-    )
-    graph: bool = Field(default=False, description="Also expand hits over the edge graph.")
-    lexical: bool | None = Field(
-        default=None, description="Run the BM25 arm (KBPG_HYBRID_LEXICAL_ENABLED)."
-    )
+class _SearchBody(BaseModel):
+    """Strict types (`true` is not 1, "5" is not 5); the values are checked by kbpg.request."""
 
-    @field_validator("query")
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
     @classmethod
-    def _searchable(cls, value: str) -> str:
+    def _checked(cls, value: Any, info: Any) -> Any:
         try:
-            return validate_query(value)
+            search_request.check(info.field_name, value)
         except InvalidInput as exc:
             raise ValueError(exc.message) from None
+        return value
+
+
+def _body_field(name: str, option: search_request.Option) -> tuple[Any, Any]:
+    kind = _PYTHON_TYPES[option.kind]
+    description = option.help + (f" Default: {option.default_note}." if option.default_note else "")
+    if option.env:
+        description += f" ({option.env})"
+    if option.kind == "query":
+        return kind, Field(min_length=1, description=description)
+    if option.kind in ("int", "float"):
+        bounded = Field(default=None, description=description, ge=option.minimum, le=option.maximum)
+        return kind | None, bounded
+    return kind | None, Field(default=None, description=description)
+
+
+# The HTTP body of POST /api/v1/kb/search: SearchRequest's fields, mapped one to one.
+SearchRequest: type[_SearchBody] = create_model(  # type: ignore[call-overload]
+    "SearchRequest",
+    __base__=_SearchBody,
+    __doc__="A search: the query and optional filters; omitted fields take kbpg's defaults.",
+    **{name: _body_field(name, option) for name, option in search_request.OPTIONS.items()},
+)
 
 
 class SearchResponse(BaseModel):
@@ -83,8 +107,12 @@ class ErrorResponse(BaseModel):
 _STATUS: list[tuple[type[KbpgError], int]] = [
     (InvalidInput, 422),
     (EmbeddingSpaceMismatch, 409),
+    (PermissionDenied, 403),
     (DatabaseUnavailable, 503),
     (SchemaNotMigrated, 503),
+    (Busy, 503),
+    (ReadOnlyDatabase, 503),
+    (QueryTimeout, 504),
 ]
 
 
@@ -177,16 +205,16 @@ def _replay(messages: list[Message], then: Receive | None = None) -> Receive:
 
 
 def create_app(
-    retriever: Retriever, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
+    kb: KnowledgeBase, *, token: str | None = None, max_body_bytes: int = MAX_BODY_BYTES
 ) -> FastAPI:
-    """The FastAPI app over one Retriever (one model, one connection pool)."""
+    """The FastAPI app over one KnowledgeBase (one model, one connection pool)."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
-            retriever.close()
+            kb.close()
 
     app = FastAPI(
         title="kbpg",
@@ -218,26 +246,17 @@ def create_app(
             503: {"model": ErrorResponse},
         },
     )
-    def search(request: SearchRequest) -> dict[str, Any]:
+    def search(body: SearchRequest) -> dict[str, Any]:  # type: ignore[valid-type]
         """Rank chunks for a query with kb.search; returns context, sources and chunks."""
         # A sync endpoint: FastAPI runs it in its threadpool, so the CPU-bound embedding and
         # the database wait never block the event loop.
-        result = retriever.search(
-            request.query,
-            top=request.top,
-            groups=request.groups,
-            category=request.category,
-            labels=request.labels,
-            min_similarity=request.min_similarity,
-            graph=request.graph,
-            lexical=request.lexical,
-        )
-        return result.to_json()
+        request = search_request.SearchRequest(**body.model_dump())  # type: ignore[attr-defined]
+        return kb.search(request).to_json()
 
     @app.get(HEALTH_PATH, responses={503: {"description": "not ready"}})
     def healthz() -> JSONResponse:
         """Database reachable, schema at head, model loaded (503 otherwise); no token needed."""
-        report = retriever.health()
+        report = kb.health()
         return JSONResponse(report, status_code=200 if report["ok"] else 503)
 
     app.add_middleware(GuardMiddleware, token=token, max_body_bytes=max_body_bytes)
@@ -259,10 +278,10 @@ def serve(settings: Settings, *, host: str, port: int, pool_size: int = 8) -> No
     """Load the model, open the pool, and run the API with uvicorn until interrupted."""
     import uvicorn
 
-    retriever = Retriever.from_env(settings, pool_size=pool_size)
+    kb = KnowledgeBase.from_env(settings, pool_size=pool_size)
     try:
-        retriever.warm_up()
-        report = retriever.health()
+        kb.warm_up()
+        report = kb.health()
         if not report["ok"]:
             # Serve anyway: /healthz says 503 until the schema is migrated.
             _log.warning("not ready: database %s, schema %s", report["database"], report["schema"])
@@ -270,7 +289,7 @@ def serve(settings: Settings, *, host: str, port: int, pool_size: int = 8) -> No
             _log.warning(
                 "serving on %s without KBPG_API_TOKEN: anyone who can reach it can search", host
             )
-        app = create_app(retriever, token=settings.api_token)
+        app = create_app(kb, token=settings.api_token)
         uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
     finally:
-        retriever.close()
+        kb.close()

@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,21 +15,23 @@ import numpy as np
 import pytest
 
 from kbpg import db as kdb
+from kbpg.app import KnowledgeBase
 from kbpg.chunking import chunk_sections
 from kbpg.embedding import Embedder, OpenAIEmbedder
 from kbpg.errors import EmbeddingSpaceMismatch
-from kbpg.ingest import (
-    MAX_ENTITY_DOCUMENTS,
-    Document,
-    delete_documents,
-    ingest_documents,
-    ingest_paths,
-    reembed,
-)
+from kbpg.ingest import MAX_ENTITY_DOCUMENTS, Document, ingest_documents, ingest_paths
 from kbpg.loaders import iter_file
+from kbpg.maintenance import delete_documents, reembed
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import KBPG, run_kbpg
 from tests.test_ingest_loaders import long_text, make_pdf
+
+
+@pytest.fixture
+def kb(db_url: str, embedder: Embedder) -> Iterator[KnowledgeBase]:
+    """The application object on this test's database, with the session's model."""
+    with KnowledgeBase(db_url, embedder, pool_size=1) as knowledge_base:
+        yield knowledge_base
 
 
 def write(path: Path, text: str) -> Path:
@@ -133,10 +136,12 @@ def assert_bm25_stats_exact(url: str) -> None:
 # -- ingest and idempotence -------------------------------------------------------------------
 
 
-def test_ingest_every_format_with_filters(db_url: str, tmp_path: Path, embedder: Embedder) -> None:
+def test_ingest_every_format_with_filters(
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
+) -> None:
     files = make_kb(tmp_path / "kb")
     summary = ingest_paths(
-        db_url,
+        kb,
         [tmp_path / "kb"],
         embedder,
         recursive=True,
@@ -187,21 +192,23 @@ def test_ingest_every_format_with_filters(db_url: str, tmp_path: Path, embedder:
     )
 
 
-def test_reingest_unchanged_writes_nothing(db_url: str, tmp_path: Path, embedder: Embedder) -> None:
+def test_reingest_unchanged_writes_nothing(
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
+) -> None:
     make_kb(tmp_path / "kb")
-    first = ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    first = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     before = snapshot(db_url)
-    again = ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True, prune=True)
+    again = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True, prune=True)
     assert (again.added, again.updated, again.unchanged, again.removed) == (0, 0, first.added, 0)
     assert again.chunks == 0 and again.embed_s < 0.05
     assert snapshot(db_url) == before
 
 
 def test_changed_document_is_replaced_others_untouched(
-    db_url: str, tmp_path: Path, embedder: Embedder
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     files = make_kb(tmp_path / "kb")
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     before = snapshot(db_url)
     renew = str(files["renew"].resolve())
     (old_id,) = rows(db_url, "select id from kb.documents where source = %s", (renew,))[0]
@@ -211,7 +218,7 @@ def test_changed_document_is_replaced_others_untouched(
     files["renew"].write_text(
         "# Renewing a permit\n\n## Renew online\n\nNow only online, via the app.\n"
     )
-    summary = ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    summary = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     assert (summary.added, summary.updated, summary.unchanged) == (0, 1, 6)
     after = rows(
         db_url,
@@ -238,14 +245,14 @@ def test_changed_document_is_replaced_others_untouched(
 
 
 def test_prune_removes_documents_whose_files_are_gone(
-    db_url: str, tmp_path: Path, embedder: Embedder
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     files = make_kb(tmp_path / "kb")
     other = write(tmp_path / "elsewhere" / "keep.md", "# Keep\n\nOutside the pruned path.\n")
-    ingest_paths(db_url, [tmp_path / "kb", other], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb", other], embedder, recursive=True)
     files["hours"].unlink()
     files["guide"].unlink()
-    summary = ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True, prune=True)
+    summary = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True, prune=True)
     assert summary.removed == 2
     sources = {r[0] for r in rows(db_url, "select source from kb.documents")}
     assert str(files["hours"].resolve()) not in sources
@@ -254,15 +261,17 @@ def test_prune_removes_documents_whose_files_are_gone(
     assert_bm25_stats_exact(db_url)
 
 
-def test_ingest_documents_bulk_api_with_prune(db_url: str, embedder: Embedder) -> None:
+def test_ingest_documents_bulk_api_with_prune(
+    db_url: str, kb: KnowledgeBase, embedder: Embedder
+) -> None:
     docs = [
         Document(source=f"doc-{i}", title=f"Title {i}", text=f"Text number {i}.") for i in range(30)
     ]
-    summary = ingest_documents(db_url, docs, embedder)
+    summary = ingest_documents(kb, docs, embedder)
     assert (summary.added, summary.chunks) == (30, 30)
     progress: list[Any] = []
     summary = ingest_documents(
-        db_url,
+        kb,
         [*docs[:10], Document("doc-0", "dup", "dup"), Document("new", "", "fresh text")],
         embedder,
         prune=True,
@@ -281,14 +290,16 @@ def test_ingest_documents_bulk_api_with_prune(db_url: str, embedder: Embedder) -
 # -- edges ------------------------------------------------------------------------------------
 
 
-def test_edges_of_each_kind(db_url: str, tmp_path: Path, embedder: Embedder) -> None:
+def test_edges_of_each_kind(
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
+) -> None:
     files = make_kb(tmp_path / "kb")
     # `future.md` is linked before it exists; the edge appears once it is ingested
     write(tmp_path / "kb" / "intro.md", "# Intro\n\nStart with [the future](future.md).\n")
     # an entity in more than MAX_ENTITY_DOCUMENTS documents is too common to link anything
     for i in range(MAX_ENTITY_DOCUMENTS + 1):
         write(tmp_path / "kb" / "common" / f"c{i}.md", f"# Common {i}\n\nForm XYZ-999 is used.\n")
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
 
     edges = rows(
         db_url,
@@ -318,7 +329,7 @@ def test_edges_of_each_kind(db_url: str, tmp_path: Path, embedder: Embedder) -> 
     assert not any("common" in a or "common" in b for a, b in entities)
 
     write(tmp_path / "kb" / "future.md", "# Future\n\nNow it exists.\n")
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     future_links = rows(
         db_url,
         "select count(*) from kb.edges e join kb.chunks d on d.id = e.dst_chunk_id "
@@ -329,20 +340,20 @@ def test_edges_of_each_kind(db_url: str, tmp_path: Path, embedder: Embedder) -> 
 
 
 def test_bm25_stats_exact_after_ingests_updates_and_deletes(
-    db_url: str, tmp_path: Path, embedder: Embedder
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     files = make_kb(tmp_path / "kb")
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     assert_bm25_stats_exact(db_url)
     files["renew"].write_text("# Renewing\n\nShorter text now, renewal renewal renewal.\n")
     files["hours"].write_text("Open 10 to 4.\n\nClosed on holidays and weekends.\n")
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     assert_bm25_stats_exact(db_url)
-    deleted, missing = delete_documents(db_url, [str(files["permits"]), "rec-1", "nope"])
+    deleted, missing = delete_documents(kb, [str(files["permits"]), "rec-1", "nope"])
     assert deleted == [str(files["permits"].resolve()), "rec-1"] and missing == ["nope"]
     assert_bm25_stats_exact(db_url)
     files["guide"].unlink()
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True, prune=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True, prune=True)
     assert_bm25_stats_exact(db_url)
     # the two deleted documents still have their files: the last run added them back
     assert rows(db_url, "select count(*) from kb.documents") == [(6,)]
@@ -352,14 +363,14 @@ def test_bm25_stats_exact_after_ingests_updates_and_deletes(
 
 
 def test_wrong_model_is_refused_with_reembed_hint(
-    db_url: str, tmp_path: Path, embedder: Embedder, cli_env: dict[str, str]
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder, cli_env: dict[str, str]
 ) -> None:
     make_kb(tmp_path / "kb")
     with kdb.connect(db_url) as conn:
         conn.execute("select kb.set_embedding_space('other-model', 768)")
         conn.commit()
     with pytest.raises(EmbeddingSpaceMismatch) as info:
-        ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+        ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     assert "kbpg reembed" in (info.value.hint or "")
     result = run_kbpg("ingest", str(tmp_path / "kb"), "--recursive", env=cli_env)
     assert result.returncode == 1
@@ -370,14 +381,14 @@ def test_wrong_model_is_refused_with_reembed_hint(
 
 
 def test_reembed_switches_the_space_and_rebuilds_every_vector(
-    db_url: str, tmp_path: Path, embedder: Embedder
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     make_kb(tmp_path / "kb")
-    ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     old = dict(rows(db_url, "select id, embedding from kb.chunks"))
     with EmbeddingServer(embedder, model="minilm-over-http") as server:  # type: ignore[arg-type]
         other = OpenAIEmbedder(server.base_url, "minilm-over-http")
-        summary = reembed(db_url, other)
+        summary = reembed(kb, other)
     assert summary.chunks == len(old)
     assert rows(db_url, "select model, dimension from kb.embedding_space") == [
         ("minilm-over-http", 384)
@@ -390,7 +401,7 @@ def test_reembed_switches_the_space_and_rebuilds_every_vector(
         db_url, "select count(*) from pg_indexes where indexname = 'chunks_embedding_hnsw'"
     ) == [(1,)]
     with pytest.raises(EmbeddingSpaceMismatch):
-        ingest_paths(db_url, [tmp_path / "kb"], embedder, recursive=True)
+        ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
     assert_bm25_stats_exact(db_url)
 
 
@@ -398,7 +409,7 @@ def test_reembed_switches_the_space_and_rebuilds_every_vector(
 
 
 def test_killed_ingest_leaves_no_half_document(
-    db_url: str, tmp_path: Path, embedder: Embedder, cli_env: dict[str, str]
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder, cli_env: dict[str, str]
 ) -> None:
     root = tmp_path / "many"
     paths = [
@@ -436,7 +447,7 @@ def test_killed_ingest_leaves_no_half_document(
     assert all(o == list(range(len(o))) and missing == 0 for _, o, missing in ordinals)
     assert_bm25_stats_exact(db_url)
     # the next run completes the job and keeps what was already there
-    summary = ingest_paths(db_url, [root], embedder)
+    summary = ingest_paths(kb, [root], embedder)
     assert (summary.added, summary.unchanged, summary.updated) == (
         len(paths) - len(present),
         len(present),

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from kbpg.chunking import Section, chunk_sections
 from kbpg.embedding import Embedder
-from kbpg.ingest import extract_entities
+from kbpg.entities import extract_entities
 from kbpg.loaders import Document, LoadFailure, iter_file
 
 

@@ -1,0 +1,272 @@
+"""The application object: settings, connections, the embedder and model clients; one session per call."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, Self
+
+import psycopg
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from kbpg import db as kdb
+from kbpg import queries
+from kbpg.config import Settings
+from kbpg.errors import Busy, DatabaseUnavailable, InvalidInput, KbpgError
+from kbpg.request import SearchRequest
+
+if TYPE_CHECKING:
+    from kbpg.embedding import Embedder
+    from kbpg.search import SearchResult
+
+Connection = psycopg.Connection[Any]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a call runs as: a PostgreSQL role the connecting user may SET ROLE to (None: itself)."""
+
+    role: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role is not None and (
+            not isinstance(self.role, str) or not self.role or "\x00" in self.role
+        ):
+            raise InvalidInput(f"not a role name: {self.role!r}")
+
+
+@dataclass
+class ModelClients:
+    """Model stages beside the embedder (reranker, chat model); None where not configured."""
+
+    reranker: Any = None
+    chat: Any = None
+
+
+class KnowledgeBase:
+    """kbpg's application object: owns settings, connections, the embedder and model clients.
+
+    Every database call runs in `session()` (or `connection()` + `transaction()` for jobs that
+    commit in batches), which applies the caller's role and kbpg's timeouts. `pool_size=1`
+    keeps one connection (a one-shot CLI); larger sizes open a pool shared by threads.
+    Thread-safe; use as a context manager or call close().
+    """
+
+    def __init__(
+        self,
+        url: str | None = None,
+        embedder: Embedder | None = None,
+        *,
+        settings: Settings | None = None,
+        pool_size: int = 4,
+        embedder_name: str | None = None,
+    ) -> None:
+        self.settings = settings or Settings.from_env()
+        self.url = url or kdb.resolve_url(self.settings)
+        self.models = ModelClients()
+        self._embedder = embedder
+        self._embedder_name = embedder_name
+        self._embedder_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._pool: ConnectionPool | None = None
+        # Fails fast when the database is down (a pool would keep retrying until its timeout).
+        probe = kdb.connect(self.url, autocommit=True)
+        if pool_size <= 1:
+            self._conn = probe
+        else:
+            probe.close()
+            self._pool = kdb.create_pool(self.url, min_size=1, max_size=pool_size)
+
+    @classmethod
+    def from_env(
+        cls, settings: Settings | None = None, *, embedder: str | None = None, pool_size: int = 4
+    ) -> Self:
+        """A knowledge base on KBPG_DATABASE_URL (or the embedded server), model loaded now."""
+        kb = cls(settings=settings, pool_size=pool_size, embedder_name=embedder)
+        try:
+            kb.embedder  # noqa: B018 - load now, so that search timings do not include it
+        except BaseException:
+            kb.close()
+            raise
+        return kb
+
+    @property
+    def embedder(self) -> Embedder:
+        """The query and document model (KBPG_EMBEDDER unless given), loaded on first use."""
+        with self._embedder_lock:
+            if self._embedder is None:
+                from kbpg.embedding import get_embedder
+
+                embedder = get_embedder(self.settings, self._embedder_name)
+                load = getattr(embedder, "load", None)
+                if callable(load):
+                    load()
+                self._embedder = embedder
+            return self._embedder
+
+    # -- connections and sessions ----------------------------------------------------------
+
+    def _pool_for(self, write: bool) -> ConnectionPool | None:
+        """The pool a call draws from: the one place a read-replica pool plugs in."""
+        return self._pool
+
+    @contextmanager
+    def connection(
+        self, *, write: bool = False, timeout: float | None = None
+    ) -> Iterator[Connection]:
+        """A connection of the call's own, in autocommit; psycopg errors come out as KbpgError.
+
+        Most callers want `session()`. Jobs that commit in batches hold one connection and
+        open each batch with `transaction()`.
+        """
+        wait = self.settings.pool_timeout_s if timeout is None else timeout
+        with kdb.translate_errors(), self._checkout(self._pool_for(write), wait) as conn:
+            yield conn
+
+    @contextmanager
+    def _checkout(self, pool: ConnectionPool | None, wait: float) -> Iterator[Connection]:
+        if pool is None:
+            if not self._lock.acquire(timeout=wait):
+                raise Busy(
+                    f"the database connection stayed busy for {wait:g} s",
+                    hint="retry shortly (this knowledge base has one connection)",
+                )
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = kdb.connect(self.url, autocommit=True)
+                yield self._conn
+            finally:
+                self._lock.release()
+            return
+        try:
+            conn = pool.getconn(timeout=wait)
+        except PoolTimeout as exc:
+            raise _pool_timeout(pool, wait) from exc
+        try:
+            conn.autocommit = True  # transactions are explicit: see transaction()
+            yield conn
+        finally:
+            pool.putconn(conn)
+
+    @contextmanager
+    def transaction(
+        self, conn: Connection, principal: Principal | None = None, *, write: bool = False
+    ) -> Iterator[Connection]:
+        """A transaction on `conn` running as the principal's role, with kbpg's local timeouts."""
+        with conn.transaction():
+            role = principal.role if principal is not None else None
+            timeouts = self._timeouts(write)
+            if role is not None or timeouts:
+                conn.execute(queries.local_settings(role, timeouts))
+            yield conn
+
+    @contextmanager
+    def session(
+        self,
+        principal: Principal | None = None,
+        *,
+        write: bool = False,
+        timeout: float | None = None,
+    ) -> Iterator[Connection]:
+        """A connection inside one transaction, as `principal`, with local timeouts.
+
+        Committed when the block ends, rolled back when it raises. `write=True` marks calls
+        that modify the knowledge base (they go to the primary, with the write timeouts).
+        """
+        with (
+            self.connection(write=write, timeout=timeout) as conn,
+            self.transaction(conn, principal, write=write),
+        ):
+            yield conn
+
+    def _timeouts(self, write: bool) -> dict[str, int]:
+        """The local timeouts in ms; 0 leaves the server's (or role's) own setting."""
+        s = self.settings
+        timeouts = {
+            "statement_timeout": s.write_statement_timeout_ms if write else s.statement_timeout_ms,
+            "lock_timeout": s.lock_timeout_ms,
+            "idle_in_transaction_session_timeout": s.idle_in_transaction_timeout_ms,
+        }
+        return {name: value for name, value in timeouts.items() if value > 0}
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.close()
+        if self._conn is not None:
+            self._conn.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # -- search and health -----------------------------------------------------------------
+
+    def search(
+        self,
+        query: str | SearchRequest,
+        /,
+        *,
+        principal: Principal | None = None,
+        **options: Any,
+    ) -> SearchResult:
+        """The best chunks for `query`, ranked by kb.search; options are SearchRequest's fields.
+
+        `top` defaults to KBPG_DEFAULT_MAX_CHUNKS; pass a SearchRequest instead of a string to
+        reuse a validated request.
+        """
+        from kbpg.search import run_search
+
+        if isinstance(query, SearchRequest):
+            if options:
+                raise TypeError("pass options inside the SearchRequest, not beside it")
+            request = query
+        else:
+            request = SearchRequest(query, **options)
+        return run_search(self, request, principal)
+
+    def warm_up(self) -> None:
+        """Run the model once so that the first real query does not pay for lazy set-up."""
+        self.embedder.embed_query("warm up")
+
+    def health(self) -> dict[str, Any]:
+        """Database reachable, schema at head, model loaded — what /healthz reports."""
+        report: dict[str, Any] = {
+            "database": "ok",
+            "schema": "ok",
+            "model": self.embedder.model_name,
+        }
+        try:
+            with self.session(timeout=3.0) as conn:
+                status = kdb.schema_status(conn)
+            if not status.at_head:
+                report["schema"] = f"at {status.current or 'none'}, head is {status.head}"
+        except KbpgError as exc:
+            report["database"] = exc.message
+            report["schema"] = "unknown"
+        report["ok"] = report["database"] == "ok" and report["schema"] == "ok"
+        return report
+
+
+def _pool_timeout(pool: ConnectionPool, wait: float) -> KbpgError:
+    """Busy when every connection exists and is in use; unreachable when the pool cannot grow."""
+    stats = pool.get_stats()
+    if stats.get("pool_size", 0) >= stats.get("pool_max", 1):
+        return Busy(
+            f"all {stats.get('pool_max')} database connections stayed busy for {wait:g} s",
+            hint="retry shortly, or give the server more connections (--pool-size)",
+        )
+    return DatabaseUnavailable(
+        f"cannot connect to PostgreSQL: no connection within {wait:g} s",
+        hint="check KBPG_DATABASE_URL and that the server is running",
+    )

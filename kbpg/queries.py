@@ -1,0 +1,207 @@
+"""kbpg's SQL, named and kept in one place (migrations and the sql/ files live elsewhere)."""
+
+from __future__ import annotations
+
+from typing import Final
+
+from psycopg import sql
+
+# -- search -----------------------------------------------------------------------------------
+
+EMBEDDING_SPACE: Final = "select model, dimension from kb.embedding_space"
+SEARCH_COLUMNS: Final = (
+    "rank, chunk_id, document_id, source, title, section, content, score, similarity, "
+    "vector_rank, lexical_rank, graph_rank"
+)
+
+
+def call_search(types: dict[str, str], names: list[str]) -> sql.Composed:
+    """`select <columns> from kb.search(name => %(name)s::type, ...)` for the given names."""
+    named = [
+        sql.SQL("{} => {}::{}").format(
+            sql.Identifier(name), sql.Placeholder(name), sql.SQL(types[name])
+        )
+        for name in names
+    ]
+    return sql.SQL("select {} from kb.search({})").format(
+        sql.SQL(SEARCH_COLUMNS), sql.SQL(", ").join(named)
+    )
+
+
+def call_ranked_documents(function: str, names: list[str]) -> sql.Composed:
+    """`select document_id from kb.<function>(name => %(name)s, ...) order by rank` (eval)."""
+    named = sql.SQL(", ").join(
+        sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name)) for name in names
+    )
+    return sql.SQL("select document_id from kb.{}({}) order by rank").format(
+        sql.Identifier(function), named
+    )
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+
+def local_settings(role: str | None, timeouts: dict[str, int]) -> sql.Composed:
+    """One round trip: SET LOCAL ROLE (when a role is given) and the local timeouts (ms)."""
+    statements = []
+    if role is not None:
+        statements.append(sql.SQL("set local role {}").format(sql.Identifier(role)))
+    statements += [
+        sql.SQL("set local {} = {}").format(sql.Identifier(name), sql.Literal(str(value)))
+        for name, value in timeouts.items()
+    ]
+    return sql.SQL("; ").join(statements)
+
+
+# -- ingest -----------------------------------------------------------------------------------
+
+# Serialises kbpg writers (ingest, delete, reembed) on one database; a session-level lock,
+# released when the connection ends, even on kill.
+WRITE_LOCK: Final = "select pg_catalog.pg_advisory_lock(%s)"
+WRITE_UNLOCK: Final = "select pg_catalog.pg_advisory_unlock(%s)"
+SET_EMBEDDING_SPACE: Final = (
+    "select kb.set_embedding_space(model_name => %s, vector_dimension => %s)"
+)
+EXISTING_DOCUMENTS: Final = (
+    "select source, id, content_hash from kb.documents where source = any(%s)"
+)
+DOCUMENT_IDS: Final = "select source, id from kb.documents where source = any(%s)"
+ALL_DOCUMENTS: Final = "select id, source from kb.documents"
+UPDATE_DOCUMENT: Final = """
+update kb.documents
+   set title = %s, category = %s, groups = %s, labels = %s, metadata = %s,
+       content_hash = %s, updated_at = now()
+ where id = %s
+"""
+DELETE_CHUNKS_OF: Final = "delete from kb.chunks where document_id = any(%s)"
+DELETE_DOCUMENTS_BY_ID: Final = "delete from kb.documents where id = any(%s)"
+COPY_DOCUMENTS: Final = (
+    "copy kb.documents (source, title, category, groups, labels, metadata, content_hash) from stdin"
+)
+COPY_CHUNKS: Final = (
+    "copy kb.chunks (document_id, ordinal, section, content, groups, category, labels, embedding)"
+    " from stdin (format binary)"
+)
+CHUNK_TYPES: Final = ["int8", "int4", "text", "text", "text[]", "text", "text[]", "vector"]
+CHUNK_IDS: Final = "select document_id, ordinal, id from kb.chunks where document_id = any(%s)"
+COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
+COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
+COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
+REFRESH_LEXICAL_INDEX: Final = "select * from kb.refresh_lexical_index()"
+
+# Link and entity edges, derived from kb.chunk_links / kb.chunk_entities over the whole
+# knowledge base and applied as a difference: a run that changes nothing writes nothing.
+REFRESH_EDGES: Final = """
+with link_edges as (
+    select l.chunk_id as src,
+           coalesce(
+               (select c.id from kb.chunks c
+                 where c.document_id = d.id and l.fragment <> ''
+                   and trim(both '-' from regexp_replace(lower(
+                         regexp_replace(c.section, '^.* > ', '')), '[^a-z0-9]+', '-', 'g'))
+                       = lower(l.fragment)
+                 order by c.ordinal limit 1),
+               (select c.id from kb.chunks c where c.document_id = d.id
+                 order by c.ordinal limit 1)) as dst,
+           'link'::text as relation,
+           %(link_weight)s::real as weight
+      from kb.chunk_links l
+      join kb.documents d on d.source = l.target_source
+), first_mention as (
+    select distinct on (e.entity, c.document_id) e.entity, c.document_id, c.id
+      from kb.chunk_entities e join kb.chunks c on c.id = e.chunk_id
+     order by e.entity, c.document_id, c.ordinal
+), rare as (
+    select entity, document_id, id, count(*) over (partition by entity) as df
+      from first_mention
+), entity_edges as (
+    select least(a.id, b.id) as src, greatest(a.id, b.id) as dst, 'entity'::text as relation,
+           max(2.0 / a.df)::real as weight
+      from rare a join rare b on a.entity = b.entity and a.document_id < b.document_id
+     where a.df between 2 and %(max_docs)s
+     group by 1, 2
+), desired as (
+    select src, dst, relation, max(weight) as weight
+      from (select * from link_edges union all select * from entity_edges) x
+     where dst is not null and src <> dst
+     group by src, dst, relation
+), removed as (
+    delete from kb.edges e
+     where e.relation in ('link', 'entity')
+       and not exists (select 1 from desired d where d.src = e.src_chunk_id
+                          and d.dst = e.dst_chunk_id and d.relation = e.relation)
+    returning 1
+), reweighted as (
+    update kb.edges e set weight = d.weight
+      from desired d
+     where d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
+       and e.weight <> d.weight
+    returning 1
+), added as (
+    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)
+    select d.src, d.dst, d.relation, d.weight from desired d
+     where not exists (select 1 from kb.edges e where e.src_chunk_id = d.src
+                          and e.dst_chunk_id = d.dst and e.relation = d.relation)
+    returning 1
+)
+select (select count(*) from added), (select count(*) from removed),
+       (select count(*) from reweighted)
+"""
+
+# -- maintenance ------------------------------------------------------------------------------
+
+LIST_DOCUMENTS: Final = """
+select d.source, d.title, d.category, d.groups, d.labels,
+       (select count(*) from kb.chunks c where c.document_id = d.id) as chunks,
+       d.updated_at
+  from kb.documents d
+ where %(group)s::text is null or %(group)s = any(d.groups)
+ order by d.source
+"""
+DELETE_DOCUMENT_BY_SOURCE: Final = (
+    "delete from kb.documents where source = any(%s) returning source"
+)
+STATS: Final = """
+select (select count(*) from kb.documents),
+       (select count(*) from kb.chunks),
+       (select count(*) from kb.chunks where embedding is null),
+       (select coalesce(jsonb_object_agg(relation, n), '{}') from
+           (select relation, count(*) as n from kb.edges group by relation) e),
+       (select model from kb.embedding_space),
+       (select dimension from kb.embedding_space),
+       (select chunk_count from kb.corpus_stats),
+       (select total_tokens from kb.corpus_stats),
+       (select count(*) from kb.lexeme_stats)
+"""
+RELATION_SIZES: Final = """
+select c.relname, c.relkind::text, pg_catalog.pg_relation_size(c.oid),
+       pg_catalog.pg_total_relation_size(c.oid)
+  from pg_catalog.pg_class c
+ where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i')
+ order by c.relkind desc, c.relname
+"""
+RESET_EMBEDDING_SPACE: Final = (
+    "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s)"
+)
+REEMBED_TABLE: Final = (
+    "create temporary table kbpg_reembed (id bigint, embedding vector) on commit drop"
+)
+REEMBED_READ: Final = "select id, section, content from kb.chunks order by id"
+REEMBED_COPY: Final = "copy kbpg_reembed (id, embedding) from stdin (format binary)"
+REEMBED_APPLY: Final = (
+    "update kb.chunks c set embedding = r.embedding from kbpg_reembed r where r.id = c.id"
+)
+
+# -- eval and status --------------------------------------------------------------------------
+
+HAS_EDGES: Final = "select exists (select 1 from kb.edges)"
+SERVER_VERSION: Final = "show server_version"
+VECTOR_VERSION: Final = "select extversion from pg_catalog.pg_extension where extname = 'vector'"
+
+
+def create_database(name: str) -> sql.Composed:
+    return sql.SQL("create database {}").format(sql.Identifier(name))
+
+
+def drop_database(name: str) -> sql.Composed:
+    return sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
