@@ -16,11 +16,11 @@ SEARCH_COLUMNS: Final = (
 
 
 def call_search(types: dict[str, str], names: list[str]) -> sql.Composed:
-    """`select <columns> from kb.search(name => %(name)s::type, ...)` for the given names."""
+    """`select <columns> from kb.search(name => %(name)s::type, ...)` for the given names
+    (no cast where the type is empty)."""
     named = [
-        sql.SQL("{} => {}::{}").format(
-            sql.Identifier(name), sql.Placeholder(name), sql.SQL(types[name])
-        )
+        sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name))
+        + (sql.SQL("::" + types[name]) if types[name] else sql.SQL(""))
         for name in names
     ]
     return sql.SQL("select {} from kb.search({})").format(
@@ -183,8 +183,10 @@ select c.relname, c.relkind::text, pg_catalog.pg_relation_size(c.oid),
 RESET_EMBEDDING_SPACE: Final = (
     "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s)"
 )
+# the embedding column's own type, wherever the vector extension lives
 REEMBED_TABLE: Final = (
-    "create temporary table kbpg_reembed (id bigint, embedding vector) on commit drop"
+    "create temporary table kbpg_reembed on commit drop"
+    " as select id, embedding from kb.chunks with no data"
 )
 REEMBED_READ: Final = "select id, section, content from kb.chunks order by id"
 REEMBED_COPY: Final = "copy kbpg_reembed (id, embedding) from stdin (format binary)"

@@ -135,8 +135,9 @@ def build_context(chunks: Sequence[Chunk], sources: Sequence[Source] | None = No
 
 
 # kb.search's parameters with their SQL types (explicit casts keep function resolution
-# independent of how the driver types a Python value).
-_SEARCH_TYPES = {**sql_types(), "query_embedding": "public.vector"}
+# independent of how the driver types a Python value). The query vector goes uncast: the
+# pgvector dumper sends it with the type's own oid, wherever the extension lives.
+_SEARCH_TYPES = {**sql_types(), "query_embedding": ""}
 
 
 def _row_to_chunk(row: dict[str, Any]) -> Chunk:
