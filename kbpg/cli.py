@@ -265,12 +265,29 @@ def _schema_status(app: AppContext) -> SchemaStatus:
 
 @db.command("upgrade")
 @click.argument("revision", default="head")
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the migration as a psql script instead of running it (reads no database; "
+    "from a revision: REV:head).",
+)
+@click.option(
+    "--vector-schema",
+    metavar="SCHEMA",
+    help="With --sql: the schema pgvector is in.  [default: public]",
+)
 @pass_app
 @handle_errors
-def db_upgrade(app: AppContext, revision: str) -> None:
+def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str | None) -> None:
     """Migrate to REVISION (default head) and re-apply the sql/ function files at head."""
     from kbpg import db as kdb
 
+    if as_sql:
+        click.echo(kdb.upgrade_script(revision, vector_schema=vector_schema or "public"), nl=False)
+        return
+    if vector_schema is not None:
+        raise click.UsageError("--vector-schema goes with --sql (online, kbpg finds it itself)")
     kdb.upgrade(app.url, revision)
     status = _schema_status(app)
     click.echo(f"schema at {status.current}" + (" (head)" if status.at_head else ""))

@@ -89,3 +89,16 @@ def test_script_for_schema_extensions_run_by_the_owner(
             "select pg_get_function_identity_arguments('kb.search_vector'::regproc)"
         ).fetchone()
     assert row is not None and row[0].startswith("query_embedding extensions.vector")
+
+
+def test_kbpg_db_upgrade_sql_prints_the_script_without_a_database(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    env = clean_env(KBPG_HOME=str(home))  # no KBPG_DATABASE_URL: must not start a server
+    printed = run_kbpg("db", "upgrade", "--sql", "--vector-schema", "extensions", env=env)
+    assert printed.returncode == 0, printed.stderr
+    assert printed.stdout == kdb.upgrade_script("head", vector_schema="extensions")
+    assert "create or replace function kb.search(" in printed.stdout
+    assert not (home / "pgdata").exists()
+    misuse = run_kbpg("db", "upgrade", "--vector-schema", "extensions", env=env)
+    assert misuse.returncode == 2
+    assert "--vector-schema goes with --sql" in misuse.stderr
