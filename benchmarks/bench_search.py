@@ -71,7 +71,10 @@ def word_distribution(rng: random.Random) -> tuple[list[str], np.ndarray, list[s
     return words, freq / freq.sum(), queries
 
 
-def load(conn: psycopg.Connection[Any], n_chunks: int, seed: int) -> dict[str, Any]:
+def load(
+    conn: psycopg.Connection[Any], n_chunks: int, seed: int, n_groups: int = 100
+) -> dict[str, Any]:
+    """Documents of 10 chunks, document d in group g{d % n_groups} and category cat{d % 10}."""
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
     words, probs, npl_queries = word_distribution(rng)
@@ -89,7 +92,9 @@ def load(conn: psycopg.Connection[Any], n_chunks: int, seed: int) -> dict[str, A
             "copy kb.documents (source, title, category, groups, content_hash) from stdin"
         ) as copy:
             for d in range(n_docs):
-                copy.write_row((f"doc-{d}", f"Document {d}", f"cat{d % 10}", [f"g{d % 100}"], "h"))
+                copy.write_row(
+                    (f"doc-{d}", f"Document {d}", f"cat{d % 10}", [f"g{d % n_groups}"], "h")
+                )
         doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
     conn.commit()
 
@@ -116,7 +121,14 @@ def load(conn: psycopg.Connection[Any], n_chunks: int, seed: int) -> dict[str, A
                 offset += n
                 d = i // 10
                 copy.write_row(
-                    (doc_ids[d], i % 10, text, [f"g{d % 100}"], f"cat{d % 10}", vectors[i - start])
+                    (
+                        doc_ids[d],
+                        i % 10,
+                        text,
+                        [f"g{d % n_groups}"],
+                        f"cat{d % 10}",
+                        vectors[i - start],
+                    )
                 )
         conn.commit()
         log(f"  loaded {stop:,} chunks ({time.perf_counter() - started:.0f} s)")

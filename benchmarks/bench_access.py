@@ -1,0 +1,234 @@
+"""Benchmark kb.search with access control enforced (row-level security) against off, in one run.
+
+Loads the synthetic corpus of bench_search.py (documents in 10 groups, 10% of chunks each), then
+times the same queries (frequent terms and NPL questions, each with an embedding):
+
+  off: as the owner, and as reader r1 (enforcement off: r1 sees every chunk, as today);
+  on (a copy of the database after kb.access_enable(), which rebuilds the lexical cache by
+       visibility class): reader r1 granted 1 of the 10 groups, reader r5 granted 5, and the
+       owner (a superuser: bypasses row-level security).
+
+Every query runs in all five variants one right after the other (the machine is shared, so
+blocks timed minutes apart are not comparable). A reader runs under SET ROLE (what kbpg's
+KnowledgeBase.session does per transaction). It prints p50/p95 per variant, the on/off ratios, the vector arm's recall@32 against an exact
+scan of the rows the reader may see, and whether the lexical arm's top-32 is identical to
+exhaustive BM25 over those rows.
+
+    python benchmarks/bench_access.py                 # 200k chunks, ~10 min on 2 cores
+    python benchmarks/bench_access.py --chunks 20000  # quick look
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import psycopg
+from pgvector.psycopg import register_vector
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_search import DIM, POOL, load, log, percentile, prewarm
+
+from kbpg import db as kdb
+from kbpg.server import EmbeddedServer
+
+READERS = {"bench_r1": ["g0"], "bench_r5": ["g0", "g1", "g2", "g3", "g4"]}
+Item = tuple[str, np.ndarray]
+
+
+def setup_readers(conn: psycopg.Connection[Any]) -> None:
+    reader = conn.execute("select reader_role from kb.access_settings").fetchone()
+    assert reader is not None and reader[0], "kb.access_setup() did not run"
+    for role, groups in READERS.items():
+        conn.execute(f"drop role if exists {role}")
+        conn.execute(f"create role {role} nologin")
+        conn.execute(f'grant "{reader[0]}" to {role}')
+        conn.execute("select kb.grant_groups(%s, %s)", (role, groups))
+
+
+def exact_visible(conn: psycopg.Connection[Any], role: str, emb: np.ndarray) -> set[int]:
+    """The true top-POOL ids among the rows `role` may read (sequential scan under its policy)."""
+    with conn.transaction():
+        conn.execute(f"set local role {role}")
+        conn.execute("set local enable_indexscan = off")
+        rows = conn.execute(
+            "select s.id from (select id, embedding <=> %s as distance from kb.chunks"
+            " order by 2, id limit %s) s where 1 - s.distance >= 0.30",
+            (emb, POOL),
+        ).fetchall()
+    return {r[0] for r in rows}
+
+
+def exhaustive_bm25(conn: psycopg.Connection[Any], groups: list[str], text: str) -> list[Any]:
+    """Exact BM25 over the given groups' chunks, as the owner, without the impact cache."""
+    with conn.transaction():
+        conn.execute("set local kb.lexical_exhaustive_limit = 1000000000")
+        return conn.execute(
+            "select chunk_id from kb.search_lexical(%s, %s, groups => %s)", (text, POOL, groups)
+        ).fetchall()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--chunks", type=int, default=200_000)
+    parser.add_argument("--queries", type=int, default=40, help="queries per query set")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    home = Path(tempfile.mkdtemp(prefix="kbpg-bench-access-", dir="/tmp"))
+    home.chmod(0o755)
+    server = EmbeddedServer(home, durable=False)
+    try:
+        admin = server.start()
+
+        def db_url(name: str) -> str:
+            return admin.rsplit("/", 1)[0] + f"/{name}?" + admin.split("?", 1)[1]
+
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute("create database bench_off")
+        kdb.upgrade(db_url("bench_off"))
+        with psycopg.connect(db_url("bench_off"), prepare_threshold=None) as conn:
+            register_vector(conn)
+            log(f"loading {args.chunks:,} chunks in 10 groups ...")
+            info = load(conn, args.chunks, args.seed, n_groups=10)
+            conn.autocommit = True
+            setup_readers(conn)
+        # the same data twice, enforcement off and on, so every query is timed in both states
+        # one right after the other (the machine is shared: blocks timed minutes apart differ)
+        started = time.perf_counter()
+        with psycopg.connect(admin, autocommit=True) as c:
+            c.execute("create database bench_on template bench_off")
+        with psycopg.connect(db_url("bench_on"), autocommit=True) as conn:
+            conn.execute("select kb.access_enable()")
+            size = conn.execute(
+                "select pg_size_pretty(pg_total_relation_size('kb.lexical_blocks'))"
+            ).fetchone()
+            assert size is not None
+        log(
+            f"copy + kb.access_enable(): {time.perf_counter() - started:.0f} s (lexical cache"
+            f" rebuilt by visibility class: {size[0]}, was {info['sizes']['lexical_blocks']})"
+        )
+        conns = {}
+        for label, name, role in VARIANTS:
+            conn = psycopg.connect(db_url(name), prepare_threshold=None, autocommit=True)
+            register_vector(conn)
+            if role is not None:
+                conn.execute(f"set role {role}")
+            conns[label] = conn
+        try:
+            run(conns, info, args)
+        finally:
+            for conn in conns.values():
+                conn.close()
+    finally:
+        server.stop()
+        shutil.rmtree(home, ignore_errors=True)
+
+
+# (label, database, role): the owner is a superuser, which bypasses row-level security
+VARIANTS = [
+    ("off, owner", "bench_off", None),
+    ("off, r1", "bench_off", "bench_r1"),
+    ("on, r1 (1 of 10)", "bench_on", "bench_r1"),
+    ("on, r5 (5 of 10)", "bench_on", "bench_r5"),
+    ("on, owner (bypass)", "bench_on", None),
+]
+
+
+def run(
+    conns: dict[str, psycopg.Connection[Any]], info: dict[str, Any], args: argparse.Namespace
+) -> None:
+    prewarm(conns["off, owner"])
+    prewarm(conns["on, owner (bypass)"])
+    rng = random.Random(args.seed + 1)
+    nrng = np.random.default_rng(args.seed + 1)
+    frequent = info["frequent_words"]
+    centroids: np.ndarray = info["centroids"]
+
+    def embedding() -> np.ndarray:
+        v = centroids[nrng.integers(0, len(centroids))] + nrng.normal(scale=0.9, size=DIM)
+        return np.asarray(v / np.linalg.norm(v), dtype=np.float32)
+
+    texts = {
+        "frequent terms": [
+            " ".join(w for w, _ in rng.sample(frequent[:15], rng.randint(2, 3)))
+            for _ in range(args.queries)
+        ],
+        "NPL questions": rng.sample(
+            info["npl_queries"], min(args.queries, len(info["npl_queries"]))
+        ),
+    }
+    sets = {name: [(t, embedding()) for t in ts] for name, ts in texts.items()}
+    warm = [(t, embedding()) for t in rng.sample(info["npl_queries"], 40)]
+
+    arms = {
+        "kb.search hybrid": "select chunk_id from kb.search(%(t)s, %(e)s, match_count => 8)",
+        "kb.search hybrid, groups {g3}": "select chunk_id from kb.search(%(t)s, %(e)s,"
+        " match_count => 8, groups => '{g3}')",
+        "kb.search_vector": f"select chunk_id from kb.search_vector(%(e)s, {POOL})",
+        "kb.search_lexical": f"select chunk_id from kb.search_lexical(%(t)s, {POOL})",
+    }
+    for conn in conns.values():
+        for text, emb in warm:
+            conn.execute(arms["kb.search hybrid"], {"t": text, "e": emb}).fetchall()
+
+    times: dict[tuple[str, str, str], list[float]] = {}
+    out: dict[tuple[str, str, str], list[Any]] = {}
+    log(f"\n{'':20} {'queries':15} {'':30} {'p50 ms':>8} {'p95 ms':>8}")
+    for set_name, items in sets.items():
+        for arm, sql in arms.items():
+            for text, emb in items:
+                # each query in every variant, one right after the other
+                for label, conn in conns.items():
+                    t = time.perf_counter()
+                    got = conn.execute(sql, {"t": text, "e": emb}).fetchall()
+                    times.setdefault((label, set_name, arm), []).append(
+                        (time.perf_counter() - t) * 1000
+                    )
+                    out.setdefault((label, set_name, arm), []).append(got)
+            for label in conns:
+                ms = times[(label, set_name, arm)]
+                log(
+                    f"{label:20} {set_name:15} {arm:30} {statistics.median(ms):8.2f}"
+                    f" {percentile(ms, 0.95):8.2f}"
+                )
+
+    log("\np95 ratio, access control on / off (the owner's p95 with it off):")
+    for set_name in sets:
+        for arm in arms:
+            base = percentile(times[("off, owner", set_name, arm)], 0.95)
+            ratios = ", ".join(
+                f"{label.split(' (')[0]} {percentile(times[(label, set_name, arm)], 0.95) / base:.2f}x"
+                for label in ("on, r1 (1 of 10)", "on, r5 (5 of 10)", "on, owner (bypass)")
+            )
+            log(f"  {set_name:15} {arm:30} {ratios}")
+
+    # last: the exact scans read the whole table and would evict what the timings rely on
+    owner = conns["on, owner (bypass)"]
+    for label, role in (("on, r1 (1 of 10)", "bench_r1"), ("on, r5 (5 of 10)", "bench_r5")):
+        for set_name, items in sets.items():
+            got = out[(label, set_name, "kb.search_vector")]
+            truths = [exact_visible(owner, role, emb) for _, emb in items]
+            recall = statistics.mean(
+                len({r[0] for r in g} & t) / max(1, len(t))
+                for g, t in zip(got, truths, strict=True)
+            )
+            lexical = out[(label, set_name, "kb.search_lexical")]
+            exact = [exhaustive_bm25(owner, READERS[role], text) for text, _ in items]
+            same = sum(a == b for a, b in zip(lexical, exact, strict=True))
+            log(
+                f"{label:18} {set_name:15} vector recall@{POOL} vs exact visible scan {recall:.3f};"
+                f" lexical top-{POOL} identical to exhaustive BM25 on {same}/{len(items)}"
+            )
+
+
+if __name__ == "__main__":
+    main()
