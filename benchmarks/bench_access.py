@@ -35,7 +35,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_search import DIM, POOL, load, log, percentile, prewarm
+from bench_search import POOL, load, log, percentile, prewarm, query_embedding, query_texts
 
 from kbpg import db as kdb
 from kbpg.server import EmbeddedServer
@@ -150,22 +150,12 @@ def run(
     prewarm(conns["on, owner (bypass)"])
     rng = random.Random(args.seed + 1)
     nrng = np.random.default_rng(args.seed + 1)
-    frequent = info["frequent_words"]
     centroids: np.ndarray = info["centroids"]
 
     def embedding() -> np.ndarray:
-        v = centroids[nrng.integers(0, len(centroids))] + nrng.normal(scale=0.9, size=DIM)
-        return np.asarray(v / np.linalg.norm(v), dtype=np.float32)
+        return query_embedding(centroids, nrng)
 
-    texts = {
-        "frequent terms": [
-            " ".join(w for w, _ in rng.sample(frequent[:15], rng.randint(2, 3)))
-            for _ in range(args.queries)
-        ],
-        "NPL questions": rng.sample(
-            info["npl_queries"], min(args.queries, len(info["npl_queries"]))
-        ),
-    }
+    texts = query_texts(info, rng, args.queries)
     sets = {name: [(t, embedding()) for t in ts] for name, ts in texts.items()}
     warm = [(t, embedding()) for t in rng.sample(info["npl_queries"], 40)]
 

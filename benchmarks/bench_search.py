@@ -306,6 +306,23 @@ def prewarm(conn: psycopg.Connection[Any]) -> None:
     log(f"prewarmed {row[0]} into shared_buffers {row[1]}")
 
 
+def query_texts(info: dict[str, Any], rng: random.Random, n: int) -> dict[str, list[str]]:
+    """The two query sets: 2-3 of the 15 most frequent content words, and NPL's questions."""
+    frequent = info["frequent_words"]
+    return {
+        "frequent terms": [
+            " ".join(w for w, _ in rng.sample(frequent[:15], rng.randint(2, 3))) for _ in range(n)
+        ],
+        "NPL questions": rng.sample(info["npl_queries"], min(n, len(info["npl_queries"]))),
+    }
+
+
+def query_embedding(centroids: np.ndarray, draw: np.random.Generator) -> np.ndarray:
+    """A unit query vector near a random centroid, drawn like the corpus vectors."""
+    v = centroids[draw.integers(0, len(centroids))] + draw.normal(scale=0.9, size=DIM)
+    return np.asarray(v / np.linalg.norm(v), dtype=np.float32)
+
+
 def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
     log(
         f"load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s, HNSW {info['hnsw_s']:.0f} s,"
@@ -319,20 +336,11 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         "frequent words (share of chunks containing them): "
         + ", ".join(f"{w} {share:.0%}" for w, share in frequent[:12])
     )
-    query_sets = {
-        "frequent terms": [
-            " ".join(w for w, _ in rng.sample(frequent[:15], rng.randint(2, 3)))
-            for _ in range(args.queries)
-        ],
-        "NPL questions": rng.sample(
-            info["npl_queries"], min(args.queries, len(info["npl_queries"]))
-        ),
-    }
+    query_sets = query_texts(info, rng, args.queries)
     centroids: np.ndarray = info["centroids"]
 
     def embedding(draw: np.random.Generator = nrng) -> np.ndarray:
-        v = centroids[draw.integers(0, len(centroids))] + draw.normal(scale=0.9, size=DIM)
-        return np.asarray(v / np.linalg.norm(v), dtype=np.float32)
+        return query_embedding(centroids, draw)
 
     # warm the caches (a just-started server reads the HNSW graph and the lexical cache from
     # disk: the first variant timed would pay for it) with other queries of both kinds, so the

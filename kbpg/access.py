@@ -6,14 +6,17 @@ import contextlib
 from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import psycopg
+from kbpg import db as kdb
+from kbpg import queries
+from kbpg.errors import PermissionDenied
 
-from kbpg.errors import KbpgError, from_psycopg
+if TYPE_CHECKING:
+    from kbpg.app import KnowledgeBase, Principal
 
 _OWNER_HINT = (
-    "run it as the owner of the kb tables (the role that ran `kbpg db upgrade`), or in psql: "
+    "run it as the owner of the kb tables (the role that ran `kbpg db upgrade`); in psql: "
     "select kb.access_enable();"
 )
 _GRANT_HINT = "grants are managed by the owner of the kb tables (or a superuser)"
@@ -35,7 +38,7 @@ class Grant:
 
 @dataclass(frozen=True)
 class AccessStatus:
-    """What kb.access_status() reports, seen by the current role."""
+    """What kb.access_status() reports, seen by the calling role."""
 
     enforced: bool
     tables_enforced: int
@@ -51,77 +54,80 @@ class AccessStatus:
 
 
 @contextlib.contextmanager
-def _errors(hint: str | None = None) -> Iterator[None]:
-    """Map SQL errors; insufficient privilege gets the hint of the action that needs it."""
+def _needs(hint: str) -> Iterator[None]:
+    """Insufficient privilege gets the hint of who may do it (more than the generic one)."""
     try:
         yield
-    except psycopg.Error as exc:
-        error = from_psycopg(exc)
-        if getattr(exc, "sqlstate", None) == "42501" and hint and not error.hint:
-            error = KbpgError(error.message, hint=hint)
-        raise error from exc
+    except PermissionDenied as exc:
+        exc.hint = hint
+        raise
 
 
 def setup(
-    conn: psycopg.Connection[Any], reader_role: str | None = None, writer_role: str | None = None
+    kb: KnowledgeBase,
+    reader_role: str | None = None,
+    writer_role: str | None = None,
+    principal: Principal | None = None,
 ) -> tuple[str, str]:
     """Create (when missing) and grant the NOLOGIN reader and writer roles; their names."""
-    with _errors(), conn.transaction():
+    with kb.session(principal, write=True) as conn:
+        kdb.require_schema(conn)
         row = conn.execute(
-            "select reader, writer from kb.access_setup(reader_role => %s, writer_role => %s)",
-            (reader_role, writer_role),
+            queries.ACCESS_SETUP, {"reader": reader_role, "writer": writer_role}
         ).fetchone()
     assert row is not None
     return str(row[0]), str(row[1])
 
 
-def grant(conn: psycopg.Connection[Any], role: str, groups: Sequence[str]) -> list[Grant]:
-    """Let `role` read `groups`; the grants that were new."""
-    with _errors(_GRANT_HINT), conn.transaction():
-        rows = conn.execute(
-            "select role, group_name from kb.grant_groups(role_name => %s, groups => %s)",
-            (role, list(groups)),
-        ).fetchall()
-    return [Grant(r[0], r[1]) for r in rows]
+def grant(
+    kb: KnowledgeBase, role: str, groups: Sequence[str], principal: Principal | None = None
+) -> list[Grant]:
+    """Let `role` (and its members) read `groups`; the grants that were new."""
+    with _needs(_GRANT_HINT), kb.session(principal, write=True) as conn:
+        kdb.require_schema(conn)
+        rows = conn.execute(queries.ACCESS_GRANT, {"role": role, "groups": list(groups)})
+        return [Grant(r[0], r[1]) for r in rows.fetchall()]
 
 
 def revoke(
-    conn: psycopg.Connection[Any], role: str, groups: Sequence[str] | None = None
+    kb: KnowledgeBase,
+    role: str,
+    groups: Sequence[str] | None = None,
+    principal: Principal | None = None,
 ) -> list[Grant]:
     """Take `groups` (every group when None) away from `role`; what was revoked."""
-    with _errors(_GRANT_HINT), conn.transaction():
-        rows = conn.execute(
-            "select role, group_name from kb.revoke_groups(role_name => %s, groups => %s)",
-            (role, None if groups is None else list(groups)),
-        ).fetchall()
-    return [Grant(r[0], r[1]) for r in rows]
+    params = {"role": role, "groups": None if groups is None else list(groups)}
+    with _needs(_GRANT_HINT), kb.session(principal, write=True) as conn:
+        kdb.require_schema(conn)
+        return [Grant(r[0], r[1]) for r in conn.execute(queries.ACCESS_REVOKE, params)]
 
 
-def list_grants(conn: psycopg.Connection[Any], role: str | None = None) -> list[Grant]:
-    """The grants the current role may see (a reader: its own), by role and group."""
-    with _errors():
-        rows = conn.execute(
-            "select role, group_name, granted_at from kb.list_grants(role_name => %s)", (role,)
-        ).fetchall()
+def list_grants(
+    kb: KnowledgeBase, role: str | None = None, principal: Principal | None = None
+) -> list[Grant]:
+    """The grants the calling role may see (a reader: its own), by role and group."""
+    with kb.session(principal) as conn:
+        kdb.require_schema(conn)
+        rows = conn.execute(queries.ACCESS_LIST, {"role": role}).fetchall()
     return [Grant(r[0], r[1], r[2]) for r in rows]
 
 
-def status(conn: psycopg.Connection[Any]) -> AccessStatus:
-    """Whether access control is enforced, the roles, and what the current role may read."""
-    with _errors():
-        row = conn.execute(
-            "select enforced, tables_enforced, tables_total, reader_role, writer_role,"
-            " lexical_cache_split, visible_groups, reads_all from kb.access_status()"
-        ).fetchone()
+def status(kb: KnowledgeBase, principal: Principal | None = None) -> AccessStatus:
+    """Whether access control is enforced, the roles, and what the calling role may read."""
+    with kb.session(principal) as conn:
+        kdb.require_schema(conn)
+        row = conn.execute(queries.ACCESS_STATUS).fetchone()
     assert row is not None
     return AccessStatus(
         bool(row[0]), row[1], row[2], row[3], row[4], bool(row[5]), list(row[6]), bool(row[7])
     )
 
 
-def set_enforced(conn: psycopg.Connection[Any], enforced: bool) -> AccessStatus:
+def set_enforced(
+    kb: KnowledgeBase, enforced: bool, principal: Principal | None = None
+) -> AccessStatus:
     """Turn enforcement on or off (rebuilds the lexical cache to match); the new status."""
-    function = "kb.access_enable()" if enforced else "kb.access_disable()"
-    with _errors(_OWNER_HINT), conn.transaction():
-        conn.execute(f"select {function}")
-    return status(conn)
+    with _needs(_OWNER_HINT), kb.session(principal, write=True) as conn:
+        kdb.require_schema(conn)
+        conn.execute(queries.ACCESS_ENABLE if enforced else queries.ACCESS_DISABLE)
+    return status(kb, principal)

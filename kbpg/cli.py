@@ -747,19 +747,6 @@ def access() -> None:
     """
 
 
-def _access_connection(app: AppContext) -> Any:
-    from kbpg import db as kdb
-
-    conn = kdb.connect(app.url)
-    try:
-        with kdb.translate_errors():
-            kdb.require_schema(conn)
-    except BaseException:
-        conn.close()
-        raise
-    return conn
-
-
 @access.command("setup")
 @click.option("--reader-role", metavar="NAME", help="Reader role name (default kbpg_reader).")
 @click.option("--writer-role", metavar="NAME", help="Writer role name (default kbpg_writer).")
@@ -769,8 +756,8 @@ def access_setup(app: AppContext, reader_role: str | None, writer_role: str | No
     """Create (when missing) and grant the NOLOGIN reader and writer roles (needs CREATEROLE)."""
     from kbpg import access as kaccess
 
-    with _access_connection(app) as conn:
-        reader, writer = kaccess.setup(conn, reader_role, writer_role)
+    with app.knowledge_base() as kb:
+        reader, writer = kaccess.setup(kb, reader_role, writer_role)
     click.echo(f"reader role: {reader}\nwriter role: {writer}")
     click.echo(f"let a login role search with: grant {reader} to <login>;", err=True)
 
@@ -784,8 +771,8 @@ def access_grant(app: AppContext, role: str, groups: tuple[str, ...]) -> None:
     """Let ROLE (and its members) read GROUPS; takes effect on the next query."""
     from kbpg import access as kaccess
 
-    with _access_connection(app) as conn:
-        new = kaccess.grant(conn, role, groups)
+    with app.knowledge_base() as kb:
+        new = kaccess.grant(kb, role, groups)
     for g in new:
         click.echo(f"granted {g.group} to {g.role}")
 
@@ -802,8 +789,8 @@ def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bo
 
     if bool(groups) == every:
         raise click.UsageError("give GROUPS or --all (not both)")
-    with _access_connection(app) as conn:
-        gone = kaccess.revoke(conn, role, None if every else groups)
+    with app.knowledge_base() as kb:
+        gone = kaccess.revoke(kb, role, None if every else groups)
     for g in gone:
         click.echo(f"revoked {g.group} from {g.role}")
     if not gone:
@@ -821,8 +808,8 @@ def access_list(app: AppContext, role: str | None, as_json: bool) -> None:
 
     from kbpg import access as kaccess
 
-    with _access_connection(app) as conn:
-        grants = kaccess.list_grants(conn, role)
+    with app.knowledge_base() as kb:
+        grants = kaccess.list_grants(kb, role)
     if as_json:
         click.echo(json.dumps([g.as_dict() for g in grants], indent=2))
         return
@@ -855,9 +842,17 @@ def access_status(app: AppContext, as_json: bool) -> None:
     """Whether access control is enforced, the roles, and what this role may read."""
     from kbpg import access as kaccess
 
-    with _access_connection(app) as conn:
-        status = kaccess.status(conn)
+    with app.knowledge_base() as kb:
+        status = kaccess.status(kb)
     _print_access_status(status, as_json)
+
+
+def _set_enforced(app: AppContext, enforced: bool) -> None:
+    from kbpg import access as kaccess
+
+    with app.knowledge_base() as kb:
+        status = kaccess.set_enforced(kb, enforced)
+    _print_access_status(status, as_json=False)
 
 
 @access.command("enable")
@@ -865,11 +860,7 @@ def access_status(app: AppContext, as_json: bool) -> None:
 @handle_errors
 def access_enable(app: AppContext) -> None:
     """Enforce grants (row-level security on; rebuilds the lexical cache by group)."""
-    from kbpg import access as kaccess
-
-    with _access_connection(app) as conn:
-        status = kaccess.set_enforced(conn, True)
-    _print_access_status(status, as_json=False)
+    _set_enforced(app, True)
 
 
 @access.command("disable")
@@ -877,11 +868,7 @@ def access_enable(app: AppContext) -> None:
 @handle_errors
 def access_disable(app: AppContext) -> None:
     """Stop enforcing grants: every role with SELECT sees every chunk (grants are kept)."""
-    from kbpg import access as kaccess
-
-    with _access_connection(app) as conn:
-        status = kaccess.set_enforced(conn, False)
-    _print_access_status(status, as_json=False)
+    _set_enforced(app, False)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -176,6 +176,21 @@ def _prepare(document: Document, digest: str, embedder: Embedder) -> _Prepared:
 
 
 @contextlib.contextmanager
+def _copy(cur: Any, copy_sql: str, staged: bool) -> Iterator[Any]:
+    """COPY rows in; `staged` (row-level security applies): through a temporary table."""
+    if not staged:
+        with cur.copy(copy_sql) as copy:
+            yield copy
+        return
+    create, copy_stage, insert, drop = queries.staged_copy(copy_sql)
+    cur.execute(create)
+    with cur.copy(copy_stage) as copy:
+        yield copy
+    cur.execute(insert)
+    cur.execute(drop)
+
+
+@contextlib.contextmanager
 def writer(kb: KnowledgeBase, principal: Principal | None = None) -> Iterator[Connection]:
     """A connection holding kbpg's write lock until the block ends (or the session dies).
 
@@ -327,6 +342,7 @@ class _Run:
         conn = self.conn
         updated = [p for p in prepared if not p.is_new]
         new = [p for p in prepared if p.is_new]
+        staged = bool((conn.execute(queries.ROW_SECURITY_ACTIVE).fetchone() or (False,))[0])
         if updated:
             # cascades to the chunks' edges, links and entities
             conn.execute(queries.DELETE_CHUNKS_OF, ([p.existing_id for p in updated],))
@@ -347,7 +363,7 @@ class _Run:
                     ],
                 )
         if new:
-            with conn.cursor() as cur, cur.copy(queries.COPY_DOCUMENTS) as copy:
+            with conn.cursor() as cur, _copy(cur, queries.COPY_DOCUMENTS, staged) as copy:
                 for p in new:
                     d = p.document
                     copy.write_row(
@@ -367,7 +383,7 @@ class _Run:
             for p in new:
                 p.existing_id = int(ids[p.document.source])
         row = 0
-        with conn.cursor() as cur, cur.copy(queries.COPY_CHUNKS) as copy:
+        with conn.cursor() as cur, _copy(cur, queries.COPY_CHUNKS, staged) as copy:
             copy.set_types(queries.CHUNK_TYPES)
             for p in prepared:
                 d = p.document
@@ -395,7 +411,7 @@ class _Run:
         # chunk ids of each prepared document, indexed by ordinal
         per_doc = [[by_key[p.existing_id or 0, c.ordinal] for c in p.chunks] for p in prepared]
         with conn.cursor() as cur:
-            with cur.copy(queries.COPY_EDGES) as copy:
+            with _copy(cur, queries.COPY_EDGES, staged) as copy:
                 for chunk_ids in per_doc:
                     for src, dst in itertools.pairwise(chunk_ids):
                         copy.write_row((src, dst, "next", WEIGHT_NEXT))

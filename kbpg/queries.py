@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from typing import Final
 
 from psycopg import sql
@@ -88,6 +89,27 @@ COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight
 COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
 COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
 REFRESH_LEXICAL_INDEX: Final = "select * from kb.refresh_lexical_index()"
+# COPY FROM is refused on a table whose row-level security applies to the role (kbpg access
+# enable; a writer role is subject to it, its policy admits every row): copy into a temporary
+# table instead and INSERT from it, which the policies check
+ROW_SECURITY_ACTIVE: Final = "select pg_catalog.row_security_active('kb.chunks'::regclass)"
+_COPY = re.compile(r"copy kb\.(\w+) \(([^)]*)\) from stdin(.*)", re.DOTALL)
+
+
+def staged_copy(copy_sql: str) -> tuple[str, str, str, str]:
+    """For one of the COPY_* statements: create a stage, copy into it, insert, drop it."""
+    match = _COPY.fullmatch(copy_sql)
+    if match is None:
+        raise ValueError(f"not a COPY_* statement: {copy_sql!r}")
+    table, columns, options = match.groups()
+    stage = f"kbpg_stage_{table}"
+    return (
+        f"create temp table {stage} on commit drop as select {columns} from kb.{table} with no data",
+        f"copy {stage} ({columns}) from stdin{options}",
+        f"insert into kb.{table} ({columns}) select {columns} from {stage}",
+        f"drop table {stage}",
+    )
+
 
 # Link and entity edges, derived from kb.chunk_links / kb.chunk_entities over the whole
 # knowledge base and applied as a difference: a run that changes nothing writes nothing.
@@ -207,3 +229,23 @@ def create_database(name: str) -> sql.Composed:
 
 def drop_database(name: str) -> sql.Composed:
     return sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
+
+
+# -- access control (sql/080-access.sql) -------------------------------------------------------
+
+ACCESS_SETUP: Final = "select reader, writer from kb.access_setup(reader_role => %(reader)s, writer_role => %(writer)s)"
+ACCESS_GRANT: Final = (
+    "select role, group_name from kb.grant_groups(role_name => %(role)s, groups => %(groups)s)"
+)
+ACCESS_REVOKE: Final = (
+    "select role, group_name from kb.revoke_groups(role_name => %(role)s, groups => %(groups)s)"
+)
+ACCESS_LIST: Final = (
+    "select role, group_name, granted_at from kb.list_grants(role_name => %(role)s)"
+)
+ACCESS_STATUS: Final = (
+    "select enforced, tables_enforced, tables_total, reader_role, writer_role,"
+    " lexical_cache_split, visible_groups, reads_all from kb.access_status()"
+)
+ACCESS_ENABLE: Final = "select kb.access_enable()"
+ACCESS_DISABLE: Final = "select kb.access_disable()"

@@ -6,6 +6,7 @@ import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
@@ -15,6 +16,20 @@ from kbpg import db as kdb
 from tests.sqldata import add_chunk, add_doc, add_edge
 
 PASSWORD = "kbpg-test-secret"
+# one file per group folder: public (no group), hr, finance
+FILES = {
+    "public/parking.md": "# Parking permits\n\nRenew your parking permit online before it expires.\n",
+    "hr/salary.md": "# Salary review\n\nSalary bands and the yearly pay review for staff.\n",
+    "finance/budget.md": "# Budget\n\nThe budget forecast covers salary costs and parking.\n",
+}
+
+
+def write_files(root: Path) -> None:
+    """FILES under root (root/public, root/hr, root/finance)."""
+    for name, text in FILES.items():
+        path = root / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
 
 
 def url_as(url: str, user: str) -> str:

@@ -9,14 +9,8 @@ from typing import Any
 
 import pytest
 
-from tests.accessdata import url_as
+from tests.accessdata import url_as, write_files
 from tests.helpers import run_kbpg
-
-FILES = {
-    "public/parking.md": "# Parking permits\n\nRenew your parking permit online before it expires.\n",
-    "hr/salary.md": "# Salary review\n\nSalary bands and the yearly pay review for staff.\n",
-    "finance/budget.md": "# Budget\n\nThe budget forecast covers salary costs and parking.\n",
-}
 
 
 @pytest.fixture
@@ -28,10 +22,7 @@ def kb(
 
     from tests.accessdata import login_roles
 
-    for name, text in FILES.items():
-        path = tmp_path / "docs" / name
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
+    write_files(tmp_path / "docs")
     for folder, group in (("public", None), ("hr", "hr"), ("finance", "finance")):
         args = ["ingest", str(tmp_path / "docs" / folder)] + (["--group", group] if group else [])
         done = run_kbpg(*args, env=cli_env)

@@ -1,0 +1,108 @@
+"""Access control through the Python API: KnowledgeBase / Retriever calls with a Principal."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import pytest
+
+from kbpg import Retriever
+from kbpg import access as kaccess
+from kbpg.app import Principal
+from kbpg.errors import PermissionDenied
+from kbpg.ingest import ingest_paths
+from tests.accessdata import login_roles, write_files
+
+if TYPE_CHECKING:
+    from kbpg.embedding import Embedder
+
+QUERY = "salary parking budget permit review"
+
+
+@pytest.fixture
+def kb(
+    admin_url: str, db_url: str, embedder: Embedder, tmp_path: Path
+) -> Iterator[tuple[Retriever, dict[str, Principal]]]:
+    """The owner's Retriever over public / hr / finance files, and principals for two readers
+    (alice: hr, bob: finance) and a writer (walt)."""
+    write_files(tmp_path)
+    with (
+        login_roles(admin_url, ["alice", "bob", "walt"]) as roles,
+        Retriever(db_url, embedder=embedder, pool_size=2) as retriever,
+    ):
+        for folder, groups in (("public", ()), ("hr", ("hr",)), ("finance", ("finance",))):
+            ingest_paths(retriever, [tmp_path / folder], groups=groups)
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            reader, writer = conn.execute(
+                "select reader_role, writer_role from kb.access_settings"
+            ).fetchone() or ("", "")
+            conn.execute(f'grant "{reader}" to "{roles["alice"]}", "{roles["bob"]}"')
+            conn.execute(f'grant "{writer}" to "{roles["walt"]}"')
+        kaccess.grant(retriever, roles["alice"], ["hr"])
+        kaccess.grant(retriever, roles["bob"], ["finance"])
+        yield retriever, {name: Principal(role) for name, role in roles.items()}
+
+
+def files(result: Any) -> set[str]:
+    return {Path(c.source).name for c in result.chunks}
+
+
+def test_each_principal_sees_its_groups(kb: tuple[Retriever, dict[str, Principal]]) -> None:
+    retriever, who = kb
+    everything = {"parking.md", "salary.md", "budget.md"}
+    assert files(retriever.search(QUERY, top=10, principal=who["alice"])) == everything
+    status = kaccess.set_enforced(retriever, True)
+    assert status.enforced and status.tables_enforced == status.tables_total == 4
+
+    alice = retriever.search(QUERY, top=10, principal=who["alice"])
+    assert files(alice) == {"parking.md", "salary.md"}
+    assert "budget forecast" not in alice.context
+    assert {Path(s.source).name for s in alice.sources} == {"parking.md", "salary.md"}
+    assert files(retriever.search(QUERY, top=10, principal=who["bob"])) == {
+        "parking.md",
+        "budget.md",
+    }
+    assert files(retriever.search(QUERY, top=10)) == everything  # the owner
+    # a group the principal may not read: nothing from it, no error
+    assert retriever.search(QUERY, top=10, groups=["finance"], principal=who["alice"]).chunks == ()
+
+    assert kaccess.status(retriever, who["alice"]).visible_groups == ["hr"]
+    assert kaccess.list_grants(retriever, principal=who["alice"]) == [
+        kaccess.Grant(who["alice"].role or "", "hr", kaccess.list_grants(retriever)[0].granted_at)
+    ]
+
+    kaccess.revoke(retriever, who["alice"].role or "", ["hr"])
+    assert files(retriever.search(QUERY, top=10, principal=who["alice"])) == {"parking.md"}
+
+
+def test_writer_principal_ingests_and_sees_every_group(
+    kb: tuple[Retriever, dict[str, Principal]], tmp_path: Path
+) -> None:
+    retriever, who = kb
+    kaccess.set_enforced(retriever, True)
+    legal = tmp_path / "legal"
+    legal.mkdir()
+    (legal / "contract.md").write_text(
+        "# Contract\n\nThe parking contract and its salary clause.\n"
+    )
+    ingest_paths(retriever, [legal], groups=["legal"], principal=who["walt"])
+    seen = files(retriever.search(QUERY + " contract", top=10, principal=who["walt"]))
+    assert seen == {"parking.md", "salary.md", "budget.md", "contract.md"}
+    assert "contract.md" not in files(
+        retriever.search(QUERY + " contract", top=10, principal=who["alice"])
+    )
+
+
+def test_readers_get_permission_errors_with_a_hint(
+    kb: tuple[Retriever, dict[str, Principal]],
+) -> None:
+    retriever, who = kb
+    with pytest.raises(PermissionDenied) as info:
+        kaccess.set_enforced(retriever, True, principal=who["alice"])
+    assert info.value.hint and "owner of the kb tables" in info.value.hint
+    with pytest.raises(PermissionDenied) as info:
+        kaccess.grant(retriever, who["alice"].role or "", ["finance"], principal=who["alice"])
+    assert info.value.hint == kaccess._GRANT_HINT
