@@ -7,7 +7,7 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -624,19 +624,33 @@ def documents() -> None:
 @handle_errors
 def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
     """List documents: source, title, category, groups, chunk count (tab-separated)."""
-    import json
 
     from kbpg.maintenance import list_documents
 
     with app.knowledge_base() as kb:
         docs = list_documents(kb, group=group)
+    _print_rows(
+        docs,
+        as_json,
+        ["source", "title", "category", "groups", "chunks"],
+        lambda d: [d.source, d.title, d.category or "", ",".join(d.groups), str(d.chunks)],
+    )
+
+
+def _print_rows(
+    items: Sequence[Any], as_json: bool, header: list[str], fields: Callable[[Any], list[str]]
+) -> None:
+    """Items as a JSON list of their as_dict() (`[]` when empty), or tab-separated lines
+    under a header (nothing when empty)."""
+    import json
+
     if as_json:
-        click.echo(json.dumps([d.as_dict() for d in docs], indent=2))
+        click.echo(json.dumps([item.as_dict() for item in items], indent=2))
         return
-    if docs:
-        click.echo("source\ttitle\tcategory\tgroups\tchunks")
-    for d in docs:
-        click.echo(f"{d.source}\t{d.title}\t{d.category or ''}\t{','.join(d.groups)}\t{d.chunks}")
+    if items:
+        click.echo("\t".join(header))
+    for item in items:
+        click.echo("\t".join(fields(item)))
 
 
 @documents.command("delete")
@@ -804,19 +818,17 @@ def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bo
 @handle_errors
 def access_list(app: AppContext, role: str | None, as_json: bool) -> None:
     """List grants (role, group, granted at); a reader sees its own."""
-    import json
 
     from kbpg import access as kaccess
 
     with app.knowledge_base() as kb:
         grants = kaccess.list_grants(kb, role)
-    if as_json:
-        click.echo(json.dumps([g.as_dict() for g in grants], indent=2))
-        return
-    if grants:
-        click.echo("role\tgroup\tgranted_at")
-    for g in grants:
-        click.echo(f"{g.role}\t{g.group}\t{g.granted_at.isoformat() if g.granted_at else ''}")
+    _print_rows(
+        grants,
+        as_json,
+        ["role", "group", "granted_at"],
+        lambda g: [g.role, g.group, g.granted_at.isoformat() if g.granted_at else ""],
+    )
 
 
 def _print_access_status(status: Any, as_json: bool) -> None:
