@@ -210,7 +210,7 @@ def exact_neighbours(conn: psycopg.Connection[Any], embedding: np.ndarray) -> se
 
 
 TS_RANK_CD = """
-with q as (select kb.lexemes_tsquery(t.terms) as q from kb.query_terms(%s) t)
+with q as (select kb._lexemes_tsquery(t.terms) as q from kb._query_terms(%s) t)
 select c.id from kb.chunks c, q where c.tsv @@ q.q
  order by ts_rank_cd(c.tsv, q.q) desc, c.id limit %s
 """
@@ -385,7 +385,7 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         return conn.execute(
             "select sum(vector_dims(s.scores)) from (select b.block_no,"
             " sum(b.impacts::vector order by b.lexeme) as scores from kb.lexical_blocks b"
-            " where b.lexeme = any ((kb.query_terms(%s)).terms) group by b.block_no) s",
+            " where b.lexeme = any ((kb._query_terms(%s)).terms) group by b.block_no) s",
             (item[0],),
         ).fetchall()
 

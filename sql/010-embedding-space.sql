@@ -67,7 +67,7 @@ comment on function kb.reset_embedding_space(text, integer) is
     'Switch the knowledge base to another embedding model: drops every vector and the HNSW '
     'index, records the new space; the caller re-embeds (kbpg reembed).';
 
-create or replace function kb.check_query_embedding(query_embedding @extschema:vector@.vector)
+create or replace function kb._check_query_embedding(query_embedding @extschema:vector@.vector)
 returns void
 language plpgsql
 stable
@@ -93,6 +93,6 @@ begin
     end if;
 end
 $$;
-comment on function kb.check_query_embedding(@extschema:vector@.vector) is
+comment on function kb._check_query_embedding(@extschema:vector@.vector) is
     'Raise SQLSTATE KB002 when no embedding space is set, KB001 when the query vector''s '
     'dimension differs from it.';

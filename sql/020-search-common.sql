@@ -5,7 +5,7 @@
 --   labels   — the chunk carries every listed label (containment, @>).
 -- NULL or an empty list means "no filter" for that field.
 
-create or replace function kb.chunk_filter_sql(
+create or replace function kb._chunk_filter_sql(
     chunk_alias text,
     groups_param text,
     category_param text,
@@ -19,7 +19,8 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, pg_temp
+-- no SET clause: PostgreSQL inlines a SQL function only without one; the body is SQL-standard,
+-- so its names were bound when it was created (search_path pg_catalog, pg_temp), none at run time
 return concat_ws(' and ', 'true',
     case when coalesce(cardinality(filter_groups), 0) > 0
          then format('%I.groups operator(pg_catalog.&&) %s', chunk_alias, groups_param) end,
@@ -27,12 +28,12 @@ return concat_ws(' and ', 'true',
          then format('%I.category operator(pg_catalog.=) %s', chunk_alias, category_param) end,
     case when coalesce(cardinality(filter_labels), 0) > 0
          then format('%I.labels operator(pg_catalog.@>) %s', chunk_alias, labels_param) end);
-comment on function kb.chunk_filter_sql(text, text, text, text, text[], text, text[]) is
+comment on function kb._chunk_filter_sql(text, text, text, text, text[], text, text[]) is
     'The WHERE predicate (for EXECUTE ... USING) that applies the groups/category/labels '
     'filters to a kb.chunks alias; only the filters actually given appear, so the planner '
     'sees a plain indexable predicate.';
 
-create or replace function kb.chunk_matches_filters(
+create or replace function kb._chunk_matches_filters(
     chunk_groups text[],
     chunk_category text,
     chunk_labels text[],
@@ -45,15 +46,15 @@ language sql
 immutable
 parallel safe
 security invoker
-set search_path = pg_catalog, pg_temp
+-- no SET clause, so that it is inlined per row (see kb._chunk_filter_sql)
 return (coalesce(cardinality(filter_groups), 0) = 0 or chunk_groups && filter_groups)
    and (filter_category is null or chunk_category = filter_category)
    and (coalesce(cardinality(filter_labels), 0) = 0 or chunk_labels @> filter_labels);
-comment on function kb.chunk_matches_filters(text[], text, text[], text[], text, text[]) is
+comment on function kb._chunk_matches_filters(text[], text, text[], text[], text, text[]) is
     'Row-wise form of the chunk filters (groups overlap, category equality, all labels), '
     'for the few rows an arm has already narrowed down.';
 
-create or replace function kb.check_match_count(match_count integer)
+create or replace function kb._check_match_count(match_count integer)
 returns void
 language plpgsql
 immutable
@@ -68,10 +69,10 @@ begin
     end if;
 end
 $$;
-comment on function kb.check_match_count(integer) is
+comment on function kb._check_match_count(integer) is
     'Raise SQLSTATE 22023 unless 1 <= match_count <= 1000.';
 
-create or replace function kb.check_fusion_parameters(
+create or replace function kb._check_fusion_parameters(
     rrf_k integer,
     vector_weight double precision,
     lexical_weight double precision,
@@ -98,10 +99,10 @@ begin
     end if;
 end
 $$;
-comment on function kb.check_fusion_parameters(integer, double precision, double precision, double precision) is
+comment on function kb._check_fusion_parameters(integer, double precision, double precision, double precision) is
     'Raise SQLSTATE 22023 unless rrf_k >= 0 and every fusion weight is >= 0.';
 
-create or replace function kb.check_max_per_doc(max_per_doc integer)
+create or replace function kb._check_max_per_doc(max_per_doc integer)
 returns void
 language plpgsql
 immutable
@@ -116,5 +117,5 @@ begin
     end if;
 end
 $$;
-comment on function kb.check_max_per_doc(integer) is
+comment on function kb._check_max_per_doc(integer) is
     'Raise SQLSTATE 22023 unless max_per_doc is NULL (no cap) or >= 1.';

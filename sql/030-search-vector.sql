@@ -33,7 +33,7 @@ set hnsw.max_scan_tuples = 20000
 as $$
 #variable_conflict use_column
 declare
-    filter_sql constant text := kb.chunk_filter_sql(
+    filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', search_vector.groups, search_vector.category, search_vector.labels);
     distance_sql text := 'c.embedding operator(@extschema:vector@.<=>) $4';
     embeddings @extschema:vector@.vector[];
@@ -41,7 +41,7 @@ declare
     exact_limit bigint;
     filtered_rows bigint;
 begin
-    perform kb.check_match_count(search_vector.match_count);
+    perform kb._check_match_count(search_vector.match_count);
     if search_vector.min_similarity is null
        or search_vector.min_similarity not between -1 and 1 then
         raise exception 'min_similarity must be between -1 and 1, got %',
@@ -55,14 +55,14 @@ begin
         end if;
         return;
     end if;
-    perform kb.check_query_embedding(search_vector.query_embedding);
+    perform kb._check_query_embedding(search_vector.query_embedding);
     embeddings := array[search_vector.query_embedding];
     foreach extra in array coalesce(search_vector.extra_embeddings, '{}') loop
         if extra is null then
             raise exception 'extra_embeddings holds a NULL'
                 using errcode = '22023', hint = 'pass only vectors of the embedding space';
         end if;
-        perform kb.check_query_embedding(extra);
+        perform kb._check_query_embedding(extra);
         embeddings := pg_catalog.array_append(embeddings, extra);
     end loop;
     -- without this a pool of 80 would come back as the default ef_search of 40 rows; and the

@@ -13,7 +13,7 @@
 --
 -- Speed. ts_rank* and any exact scoring from the tsvector cost O(matching rows), hopeless
 -- when a term is in a third of the chunks. So:
---   * few postings in all (sum of df small): exact scoring from the tsvector (kb.bm25_rank);
+--   * few postings in all (sum of df small): exact scoring from the tsvector (kb._bm25_rank);
 --   * otherwise a cache, kb.lexical_blocks, holds per lexeme and block of 16,000 chunk ids a
 --     sparsevec of weights idf0 * tf part (idf0, avgdl0: as of the block's refresh). The
 --     query's frequent terms' vectors are summed per block by pgvector's C arithmetic; a
@@ -28,8 +28,20 @@
 --     when the k-th exact score beats that (else theta is lowered); deleted chunks in the
 --     cache are dropped by the rescoring join. Results are exact whatever the cache's age;
 --     kb.refresh_lexical_index() (ingest calls it after a batch) only restores speed.
+--
+-- Cost bound (what one query may make the arm read): query text of at most 100,000
+-- characters (longer: SQLSTATE KB003), parsed once (linear in its length); of its distinct
+-- lexemes the corpus holds, the 64 rarest (lowest df: highest idf) are scored, and at most
+-- 64 may be excluded with "-word" (more: KB003). So a query sums at most 64 cached vectors
+-- per block of 16,000 chunks.
+--
+-- Helpers (internal, kb._*): _query_terms parses the query; _bm25_score is the BM25 formula
+-- for one chunk (inlined by the planner: no call per row); _bm25_rank ranks chunks exactly by
+-- it (the exhaustive path, and the rescoring under filters); _lexical_threshold searches theta
+-- over the block sums (one probe loop, on a sample of blocks or all); _lexical_candidates
+-- reads the chunk ids above theta off the bits (inlined).
 
-create or replace function kb.tsquery_lexemes(tsquery_text text)
+create or replace function kb._tsquery_lexemes(tsquery_text text)
 returns text[]
 language sql
 immutable
@@ -41,10 +53,10 @@ begin atomic
     select coalesce(array_agg(distinct replace(replace(m[1], '''''', ''''), '\\', '\')), '{}')
       from pg_catalog.regexp_matches(tsquery_text, '''((?:[^'']|'''')+)''', 'g') as m;
 end;
-comment on function kb.tsquery_lexemes(text) is
+comment on function kb._tsquery_lexemes(text) is
     'The distinct lexemes quoted in the text form of a tsquery (or of querytree()).';
 
-create or replace function kb.lexemes_tsquery(lexemes text[])
+create or replace function kb._lexemes_tsquery(lexemes text[])
 returns tsquery
 language sql
 immutable
@@ -57,42 +69,73 @@ begin atomic
                   '')::pg_catalog.tsquery
       from pg_catalog.unnest(lexemes) as l;
 end;
-comment on function kb.lexemes_tsquery(text[]) is
+comment on function kb._lexemes_tsquery(text[]) is
     'The OR tsquery of the given lexemes (NULL for none): the GIN-indexable form of a query.';
 
-create or replace function kb.query_terms(query_text text, out terms text[], out excluded text[])
-language sql
+create or replace function kb._query_terms(query_text text, out terms text[], out excluded text[])
+language plpgsql
 immutable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
-    with q as (
-        select pg_catalog.websearch_to_tsquery('english'::pg_catalog.regconfig,
-                                               coalesce(query_text, '')) as full_query
-    ), e as (
-        select q.full_query, kb.tsquery_lexemes(q.full_query::text) as every from q
-    ), t as (
-        -- without a negation ('!') every lexeme scores: one pass of the regular expression
-        select case when pg_catalog.strpos(e.full_query::text, '!') = 0 then e.every
-                    else kb.tsquery_lexemes(pg_catalog.querytree(e.full_query)) end as positive,
-               e.every
-          from e
-    )
-    select t.positive,
-           coalesce(array(select l from pg_catalog.unnest(t.every) as l
-                           where l <> all (t.positive) order by l), '{}')
-      from t;
-end;
-comment on function kb.query_terms(text) is
+as $$
+declare
+    full_query tsquery;
+    every text[];
+begin
+    if pg_catalog.length(query_text) > 100000 then
+        raise exception 'query text of % characters is over the limit of 100000',
+                pg_catalog.length(query_text)
+            using errcode = 'KB003',
+                  hint = 'shorten the query: the lexical arm scores its 64 rarest words, the '
+                         'vector arm reads its first 256 tokens';
+    end if;
+    -- parsed once, each lexeme extracted once (0.1.0 re-parsed the query for every lexeme:
+    -- 2,000 words took 15 s)
+    full_query := pg_catalog.websearch_to_tsquery('english'::pg_catalog.regconfig,
+                                                 coalesce(query_text, ''));
+    every := kb._tsquery_lexemes(full_query::text);
+    -- without a negation ('!') every lexeme scores: one pass of the regular expression
+    terms := case when pg_catalog.strpos(full_query::text, '!') = 0 then every
+                  else kb._tsquery_lexemes(pg_catalog.querytree(full_query)) end;
+    excluded := coalesce(array(select e from pg_catalog.unnest(every) as e
+                               except
+                               select t from pg_catalog.unnest(terms) as t
+                               order by 1), '{}');
+end
+$$;
+comment on function kb._query_terms(text) is
     'The distinct lexemes a query scores with (terms, OR-ed) and the lexemes it excludes '
-    '("-word"), parsed with websearch_to_tsquery(''english'', ...).';
+    '("-word"), parsed once with websearch_to_tsquery(''english'', ...); over 100,000 '
+    'characters: SQLSTATE KB003.';
 
--- 0.1 had no filter_first parameter; the old signature would make calls ambiguous
-drop function if exists kb.bm25_rank(text[], double precision[], double precision, tsquery,
-                                     bigint[], integer, text[], text, text[]);
+create or replace function kb._bm25_score(
+    tsv tsvector,
+    token_count integer,
+    terms text[],
+    idfs double precision[],
+    avgdl double precision
+)
+returns table (score double precision)
+language sql
+immutable
+parallel safe
+security invoker
+-- no SET clause: PostgreSQL inlines this into the caller's query only without one (else a call
+-- per scored row); the body is SQL-standard, so every name in it was bound when it was created
+-- (under search_path pg_catalog, pg_temp) and nothing is looked up when it runs
+begin atomic
+    select pg_catalog.sum(idfs[pg_catalog.array_position(terms, u.lexeme)] * u.tf
+                          / (u.tf + 1.2 * (1 - 0.75 + 0.75 * token_count / avgdl)))
+      from (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
+              from pg_catalog.unnest(pg_catalog.ts_delete(tsv, pg_catalog.tsvector_to_array(
+                       pg_catalog.ts_delete(tsv, terms)))) as x) as u;
+end;
+comment on function kb._bm25_score(tsvector, integer, text[], double precision[], double precision) is
+    'BM25 (k1 1.2, b 0.75) of one chunk (its tsvector and length) for the given terms and their '
+    'idfs; the chunk''s other lexemes are ignored. Inlined into the caller''s query.';
 
-create or replace function kb.bm25_rank(
+create or replace function kb._bm25_rank(
     terms text[],
     idfs double precision[],
     avgdl double precision,
@@ -104,14 +147,14 @@ create or replace function kb.bm25_rank(
     filter_labels text[] default null,
     filter_first boolean default false
 )
-returns table (chunk_id bigint, document_id bigint, score double precision)
+returns table (rank integer, chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    filter_sql constant text := kb.chunk_filter_sql(
+    filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', filter_groups, filter_category, filter_labels);
     -- filter_first: the filters keep few chunks, so match the terms on those rows rather than
     -- AND a GIN bitmap of every chunk holding a frequent term (coalesce hides @@ from GIN)
@@ -123,25 +166,151 @@ declare
         else 'c.tsv operator(pg_catalog.@@) $8' end;
 begin
     return query execute format(
-        'select c.id, c.document_id, s.score from kb.chunks c '
-        'cross join lateral ('
-        '    select pg_catalog.sum($5[pg_catalog.array_position($4, u.lexeme)] * u.tf '
-        '                          / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / $6))) as score '
-        '      from (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf '
-        '              from pg_catalog.unnest(pg_catalog.ts_delete(c.tsv, pg_catalog.tsvector_to_array('
-        '                       pg_catalog.ts_delete(c.tsv, $4)))) as x) as u) as s '
+        'select (pg_catalog.row_number() over (order by s.score desc, c.id))::integer, '
+        '       c.id, c.document_id, s.score from kb.chunks c '
+        'cross join lateral kb._bm25_score(c.tsv, c.token_count, $4, $5, $6) s '
         'where %s and %s %s '
         'order by s.score desc, c.id limit $10',
         source_sql, filter_sql,
         case when excluded is null then '' else 'and not c.tsv operator(pg_catalog.@@) $7' end)
     using filter_groups, filter_category, filter_labels, terms, idfs, avgdl, excluded,
-          kb.lexemes_tsquery(terms), candidate_ids, limit_count;
+          kb._lexemes_tsquery(terms), candidate_ids, limit_count;
 end
 $$;
-comment on function kb.bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean) is
-    'Exact BM25 of chunks (all chunks matching any term when candidate_ids is NULL, else those '
-    'candidates), filtered (filter_first: read the filtered rows first), best limit_count first '
-    '(ties by chunk id). Internal to the lexical arm.';
+comment on function kb._bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean) is
+    'Exact BM25 ranking of chunks (all chunks matching any term when candidate_ids is NULL, else '
+    'those candidates), filtered (filter_first: read the filtered rows first), best limit_count '
+    'first (ties by chunk id), ranked from 1. Internal to the lexical arm.';
+
+create or replace function kb._lexical_threshold(
+    block_scores @extschema:vector@.vector[],
+    block_size integer,
+    stride integer,
+    n_chunks bigint,
+    hi double precision,
+    hi_count bigint,
+    target double precision,
+    floor_count bigint,
+    accept_count bigint,
+    guess double precision,
+    guess_accept bigint,
+    max_probes integer,
+    min_width double precision,
+    keep_bits boolean,
+    out theta double precision,
+    out theta_count bigint,
+    out bits varbit[]
+)
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    lo double precision := 0;  -- count >= floor_count there (theta 0: every cached match)
+    lo_count bigint := n_chunks;
+    lo_bits varbit[];
+    probe double precision;
+    probe_count bigint;
+    probe_bits varbit[];
+    block_bits varbit;
+    guessed boolean;
+    theta_vec @extschema:vector@.vector;
+    scale constant double precision := cardinality(block_scores)::float8
+        / greatest(pg_catalog.ceil(cardinality(block_scores)::float8 / stride), 1);
+begin
+    -- interpolation on log(count), which falls roughly linearly in theta near the top
+    for probe_no in 1..max_probes loop
+        exit when hi - lo <= min_width;
+        guessed := guess is not null and guess > lo and guess < hi;
+        if guessed then
+            probe := guess;
+        else
+            probe := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(target))
+                                    / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
+            probe := least(greatest(probe, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
+        end if;
+        guess := null;
+        -- the threshold vector: 125 copies of theta, concatenated with itself up to the block
+        -- size (array_fill of 16,000 and its cast to vector took 60 us a probe, this 5 us)
+        theta_vec := pg_catalog.array_fill(probe::real, array[least(block_size, 125)])::@extschema:vector@.vector;
+        while @extschema:vector@.vector_dims(theta_vec) < block_size loop
+            theta_vec := theta_vec operator(@extschema:vector@.||) @extschema:vector@.subvector(theta_vec, 1, least(
+                @extschema:vector@.vector_dims(theta_vec), block_size - @extschema:vector@.vector_dims(theta_vec)));
+        end loop;
+        -- simple expressions read the array in place (unnest() in a query copies every 64 kB
+        -- vector); a sample (stride > 1) scales its count up
+        probe_count := 0;
+        probe_bits := '{}';
+        for j in 1..cardinality(block_scores) by stride loop
+            block_bits := @extschema:vector@.binary_quantize(block_scores[j] operator(@extschema:vector@.-) theta_vec);
+            probe_count := probe_count + pg_catalog.bit_count(block_bits);
+            if keep_bits then
+                probe_bits := probe_bits || block_bits;
+            end if;
+        end loop;
+        if stride > 1 then
+            probe_count := pg_catalog.round(probe_count * scale);
+        end if;
+        if probe_count < floor_count then
+            hi := probe;
+            hi_count := probe_count;
+        else
+            lo := probe;
+            lo_count := probe_count;
+            lo_bits := probe_bits;
+            -- a wider window costs more in reading the candidates' ids than another probe
+            exit when probe_count <= case when guessed then guess_accept else accept_count end;
+        end if;
+    end loop;
+    theta := lo;
+    theta_count := lo_count;
+    if keep_bits then
+        bits := coalesce(lo_bits, (select array_agg(@extschema:vector@.binary_quantize(u.s) order by u.i)
+                                     from pg_catalog.unnest(block_scores) with ordinality as u(s, i)));
+    end if;
+end
+$$;
+comment on function kb._lexical_threshold(@extschema:vector@.vector[], integer, integer, bigint, double precision, bigint, double precision, bigint, bigint, double precision, bigint, integer, double precision, boolean) is
+    'Threshold search over the lexical arm''s block sums: the highest probed theta whose count of '
+    'cached scores above it reaches floor_count (0 if none), stopping once a count is at most '
+    'accept_count; stride > 1 probes a sample of the blocks. keep_bits: also the bits above theta.';
+
+create or replace function kb._lexical_candidates(
+    block_nos integer[],
+    block_bits varbit[],
+    block_scores @extschema:vector@.vector[],
+    block_size integer,
+    keep_count bigint,
+    theta double precision
+)
+returns table (candidate_ids bigint[], theta_left double precision)
+language sql
+immutable
+parallel safe
+security invoker
+-- no SET clause, so that it is inlined (see kb._bm25_score)
+begin atomic
+    -- the '1' bits, found by splitting their text on '1' (C string code; the pieces are the gaps
+    -- between set bits; octet_length, as length() counts the characters of every piece)
+    select coalesce(array_agg(y.id order by y.v desc, y.id) filter (where y.r <= keep_count), '{}'),
+           coalesce(max(y.v) filter (where y.r > keep_count), theta)
+      from (select z.id, z.v, pg_catalog.rank() over (order by z.v desc) as r
+              from (select x.bno::bigint * block_size + p.pos - 1 as id,
+                           (@extschema:vector@.subvector(x.s, p.pos::integer, 1)::real[])[1] as v
+                      from unnest(block_nos, block_bits, block_scores) as x(bno, b, s)
+                      cross join lateral (
+                          select sum(pg_catalog.octet_length(u.piece) + 1) over (order by u.ord) as pos
+                            from pg_catalog.unnest(pg_catalog.string_to_array(x.b::text, '1'))
+                                 with ordinality as u(piece, ord)
+                      ) p
+                     where pg_catalog.bit_count(x.b) > 0 and p.pos <= block_size
+                    offset 0) z) y;
+end;
+comment on function kb._lexical_candidates(integer[], varbit[], @extschema:vector@.vector[], integer, bigint, double precision) is
+    'The chunk ids whose cached score is above theta (their bits), the best keep_count of them, '
+    'and theta raised to the best cached score left out (else theta). Inlined into the caller.';
 
 create or replace function kb.search_lexical(
     query_text text,
@@ -170,16 +339,19 @@ declare
     terms text[];
     idfs double precision[];
     dfs integer[];
+    df_total bigint;
     rare_terms text[];
     idf_ratio double precision;
-    df_total bigint;
     n_chunks bigint;
     avgdl double precision;
     excluded tsquery;
+    all_terms tsquery;
     state kb.lexical_state;
     drift double precision;
     exhaustive_limit bigint;
-    filter_sql constant text := kb.chunk_filter_sql(
+    exhaustive boolean;
+    filter_first boolean := false;
+    filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', search_lexical.groups, search_lexical.category, search_lexical.labels);
     filtered_rows bigint;
     filtered_limit bigint;
@@ -188,27 +360,15 @@ declare
     block_scores @extschema:vector@.vector[];
     extra_ids bigint[];
     candidate_ids bigint[];
+    probe record;
     theta double precision;
-    lo double precision;
     hi double precision;
     hi_start double precision;
-    probe_count bigint;
-    keep_count bigint;
-    all_terms tsquery;
-    theta_vec @extschema:vector@.vector;
-    probe_bits varbit[];
-    lo_bits varbit[];
-    guess double precision;
-    guessed boolean := false;
-    sample_stride integer;
-    j integer;
-    block_bits varbit;
-    sample_scale double precision;
-    lo_count bigint;
     hi_count bigint;
+    guess double precision;
+    keep_count bigint;
     need bigint;
     slack bigint;
-    iterations integer;
     ranked_ids bigint[];
     ranked_docs bigint[];
     ranked_scores double precision[];
@@ -218,23 +378,34 @@ declare
     -- visibility class, so its sums hold only the chunks this role may read
     rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
 begin
-    perform kb.check_match_count(search_lexical.match_count);
-    select * into qt from kb.query_terms(search_lexical.query_text);
+    perform kb._check_match_count(search_lexical.match_count);
+    select * into qt from kb._query_terms(search_lexical.query_text);
     select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
       into n_chunks, avgdl from kb.corpus_stats s;
+    -- the cost bound: of the query's lexemes the corpus holds, the 64 rarest are scored
     select array_agg(l.lexeme order by l.lexeme),
            array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
                      order by l.lexeme),
            array_agg(l.doc_freq order by l.lexeme),
            sum(l.doc_freq)
       into terms, idfs, dfs, df_total
-      from kb.lexeme_stats l
-     where l.lexeme = any (qt.terms) and l.doc_freq > 0;
+      from (select s.lexeme, s.doc_freq from kb.lexeme_stats s
+             where s.lexeme = any (qt.terms) and s.doc_freq > 0
+             order by s.doc_freq, s.lexeme limit 64) l;
     if terms is null then
         return;
     end if;
-    excluded := kb.lexemes_tsquery(qt.excluded);
-    all_terms := kb.lexemes_tsquery(terms);
+    if cardinality(qt.excluded) > 64 then
+        -- words the corpus lacks exclude nothing
+        qt.excluded := array(select s.lexeme from kb.lexeme_stats s
+                              where s.lexeme = any (qt.excluded) and s.doc_freq > 0 order by 1);
+        if cardinality(qt.excluded) > 64 then
+            raise exception 'the query excludes % words, over the limit of 64', cardinality(qt.excluded)
+                using errcode = 'KB003', hint = 'exclude at most 64 words with "-word"';
+        end if;
+    end if;
+    excluded := kb._lexemes_tsquery(qt.excluded);
+    all_terms := kb._lexemes_tsquery(terms);
     select * into state from kb.lexical_state;
     -- below this many postings exact scoring from the tsvector (~8 us a row) beats summing
     -- every block (~0.4 ms a block); kb.lexical_exhaustive_limit overrides it (tests)
@@ -243,16 +414,9 @@ begin
         300 + 40 * (state.watermark / state.block_size + 1));
 
     -- exact scoring straight from the tsvector when it reads few rows (or with no usable cache)
-    if state.watermark = 0 or (rls and not state.split_by_groups)
-       or (df_total <= exhaustive_limit and not rls) then
-        return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
-                            b.chunk_id, b.document_id, b.score
-                       from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
-                                         search_lexical.groups, search_lexical.category,
-                                         search_lexical.labels) b;
-        return;
-    end if;
-    if filter_sql <> 'true' and not rls then
+    exhaustive := state.watermark = 0 or (rls and not state.split_by_groups)
+                  or (df_total <= exhaustive_limit and not rls);
+    if not exhaustive and filter_sql <> 'true' and not rls then
         -- a selective filter hides most cached candidates (k / selectivity of them would be
         -- rescored): below a few thousand chunks, score the filtered chunks directly
         filtered_limit := coalesce(
@@ -262,261 +426,163 @@ begin
                        filter_sql, filtered_limit)
            into filtered_rows
           using search_lexical.groups, search_lexical.category, search_lexical.labels;
-        if filtered_rows < filtered_limit then
-            return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
-                                b.chunk_id, b.document_id, b.score
-                           from kb.bm25_rank(terms, idfs, avgdl, excluded, null, search_lexical.match_count,
-                                             search_lexical.groups, search_lexical.category,
-                                             search_lexical.labels,
-                                             filter_first => filtered_rows < df_total) b;
-            return;
+        exhaustive := filtered_rows < filtered_limit;
+        filter_first := filtered_rows < df_total;
+    end if;
+
+    if not exhaustive then
+        -- chunks the cache does not cover (new since the watermark, or updated): always
+        -- candidates (max(id) is one index probe; should plpgsql pick a generic plan, with the
+        -- watermark unknown, the two-sided id range and the coalesce keep the second query an
+        -- id range scan, never a GIN scan of every chunk holding a frequent term)
+        extra_ids := '{}';
+        if (select pg_catalog.max(c.id) from kb.chunks c) > state.watermark then
+            select coalesce(array_agg(c.id), '{}') into extra_ids
+              from kb.chunks c
+             where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
+               and coalesce(c.tsv @@ all_terms, false);
         end if;
-    end if;
+        select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
+          from kb.lexical_pending p;
 
-    -- chunks the cache does not cover (new since the watermark, or updated): always candidates
-    -- (max(id) is one index probe; should plpgsql pick a generic plan, with the watermark
-    -- unknown, the two-sided id range and the coalesce keep the second query an id range scan,
-    -- never a GIN scan of every chunk holding a frequent term)
-    extra_ids := '{}';
-    if (select pg_catalog.max(c.id) from kb.chunks c) > state.watermark then
-        select coalesce(array_agg(c.id), '{}') into extra_ids
-          from kb.chunks c
-         where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
-           and coalesce(c.tsv @@ all_terms, false);
-    end if;
-    select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
-      from kb.lexical_pending p;
+        -- rare terms: reading all their chunks is cheaper than summing their blocks, so those
+        -- chunks become candidates and the terms leave the sums (an unread chunk has none)
+        rare_terms := '{}';
+        if not rls then
+            select coalesce(array_agg(x.lexeme), '{}') into rare_terms
+              from (select u.lexeme, sum(u.df) over (order by u.df, u.lexeme) as running
+                      from unnest(terms, dfs) as u(lexeme, df)) x
+             where x.running <= 50 * (state.watermark / state.block_size + 1);
+        end if;
+        if cardinality(rare_terms) > 0 then
+            select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
+              from kb.chunks c
+             where c.tsv @@ kb._lexemes_tsquery(rare_terms);
+        end if;
 
-    -- rare terms: reading all their chunks is cheaper than summing their blocks, so those
-    -- chunks become candidates and the terms leave the sums (an unread chunk has none of them)
-    rare_terms := '{}';
-    if not rls then
-        select coalesce(array_agg(x.lexeme), '{}') into rare_terms
-          from (select u.lexeme, sum(u.df) over (order by u.df, u.lexeme) as running
-                  from unnest(terms, dfs) as u(lexeme, df)) x
-         where x.running <= 50 * (state.watermark / state.block_size + 1);
-    end if;
-    if cardinality(rare_terms) > 0 then
-        select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
-          from kb.chunks c
-         where c.tsv @@ kb.lexemes_tsquery(rare_terms);
-    end if;
-
-    -- cached scores per block: the sum of the other terms' weight vectors, in pgvector's C
-    -- arithmetic, in lexeme order (equal impacts give equal sums in every block); stored one
-    -- element at a time (array_agg copied each 64 kB sum three times: 0.1 ms a query);
-    -- idf_ratio bounds how much the live idf outgrew the cached one
-    block_nos := '{}';
-    block_scores := '{}';
-    for block in
-        select b.block_no, @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
-               max(t.idf / b.idf) as ratio
-          from unnest(terms, idfs) as t(lexeme, idf)
-          join kb.lexical_blocks b on b.lexeme = t.lexeme
-         where t.lexeme <> all (rare_terms)
-           -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
-           and (not state.split_by_groups or coalesce(cardinality(search_lexical.groups), 0) = 0
-                or b.groups operator(pg_catalog.&&) search_lexical.groups)
-         group by b.block_no
-         order by b.block_no
-    loop
-        block_nos[cardinality(block_nos) + 1] := block.block_no;
-        block_scores[cardinality(block_scores) + 1] := block.scores;
-        idf_ratio := greatest(idf_ratio, block.ratio);
-    end loop;
-    idf_ratio := coalesce(idf_ratio, 1);
-
-    drift := greatest(1.0, avgdl / state.avgdl) * idf_ratio;
-    need := search_lexical.match_count + 8;
-    -- above every cached score (each tf part is < 1)
-    hi := (select sum(u.idf) from unnest(terms, idfs) as u(lexeme, idf)
-            where u.lexeme <> all (rare_terms)) * 1.001 / least(idf_ratio, 1) + 1e-9;
-    hi := coalesce(hi, 0);
-    hi_start := hi;
-    hi_count := 0;
-
-    -- a first guess at theta from a sample of about 15% of the blocks (at least 2): at the
-    -- target count (2 x need) it expects a dozen hits, enough for a guess within ~30%
-    if cardinality(block_scores) > 3 then
-        -- probes here and below loop over the blocks in PL/pgSQL: simple expressions read the
-        -- array in place, where unnest() in a query copies every 64 kB vector
-        sample_stride := pg_catalog.ceil(cardinality(block_scores)::float8
-            / greatest(2, pg_catalog.ceil(0.15 * cardinality(block_scores))))::integer;
-        sample_scale := cardinality(block_scores)::float8
-                        / pg_catalog.ceil(cardinality(block_scores)::float8 / sample_stride);
-        lo := 0;
-        lo_count := n_chunks;
-        slack := 2 * (search_lexical.match_count + 8);
-        need := search_lexical.match_count + 8;
-        for iterations in 1..12 loop
-            guess := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(2 * need))
-                                    / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
-            guess := least(greatest(guess, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
-            -- the threshold vector: 125 copies of theta, concatenated with itself up to the block
-            -- size (array_fill of 16,000 and its cast to vector took 60 us a probe, this 5 us)
-            theta_vec := pg_catalog.array_fill(guess::real, array[least(state.block_size, 125)])::@extschema:vector@.vector;
-            while @extschema:vector@.vector_dims(theta_vec) < state.block_size loop
-                theta_vec := theta_vec operator(@extschema:vector@.||) @extschema:vector@.subvector(theta_vec, 1, least(
-                    @extschema:vector@.vector_dims(theta_vec), state.block_size - @extschema:vector@.vector_dims(theta_vec)));
-            end loop;
-            probe_count := 0;
-            for j in 1..cardinality(block_scores) by sample_stride loop
-                probe_count := probe_count + pg_catalog.bit_count(
-                    @extschema:vector@.binary_quantize(block_scores[j] operator(@extschema:vector@.-) theta_vec));
-            end loop;
-            probe_count := pg_catalog.round(probe_count * sample_scale);
-            if probe_count < 3 * need / 2 then
-                hi := guess;
-                hi_count := probe_count;
-            else
-                lo := guess;
-                lo_count := probe_count;
-                exit when probe_count <= 3 * need;
-            end if;
-        end loop;
-        guess := nullif(lo, 0);  -- the highest theta whose estimated count reached need
-        hi := hi_start;
-        hi_count := 0;
-    end if;
-
-    loop
-        -- a threshold theta leaving between need and need + slack cached candidates above
-        -- it (slack: 2x need while small, +50% once rescoring them costs more than probing):
-        -- interpolation on log(count), which falls roughly linearly in theta near the top;
-        -- lo always has count >= need (theta = 0: every cached match)
-        lo := 0;
-        lo_count := n_chunks;
-        lo_bits := null;
-        iterations := 0;
-        slack := greatest(2 * (search_lexical.match_count + 8), need / 2);
+        -- cached scores per block: the sum of the other terms' weight vectors, in pgvector's C
+        -- arithmetic, in lexeme order (equal impacts give equal sums in every block); stored
+        -- one element at a time (array_agg copied each 64 kB sum three times: 0.1 ms a query);
+        -- idf_ratio bounds how much the live idf outgrew the cached one
+        block_nos := '{}';
+        block_scores := '{}';
+        for block in
+            select b.block_no, @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
+                   max(t.idf / b.idf) as ratio
+              from unnest(terms, idfs) as t(lexeme, idf)
+              join kb.lexical_blocks b on b.lexeme = t.lexeme
+             where t.lexeme <> all (rare_terms)
+               -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
+               and (not state.split_by_groups or coalesce(cardinality(search_lexical.groups), 0) = 0
+                    or b.groups operator(pg_catalog.&&) search_lexical.groups)
+             group by b.block_no
+             order by b.block_no
         loop
-            -- too few chunks in all to be worth a threshold, or the range is exhausted
-            exit when n_chunks <= need + slack or cardinality(block_scores) = 0
-                   or hi - lo <= 1e-9 * hi_start;
-            iterations := iterations + 1;
-            if guess is not null and guess > lo and guess < hi then
-                theta := guess;
-                guessed := true;  -- a sampled estimate: accept a wider window than probing for more
-            else
-                theta := lo + (hi - lo) * (pg_catalog.ln(lo_count + 1) - pg_catalog.ln(need + slack / 2))
-                                        / greatest(pg_catalog.ln(lo_count + 1) - pg_catalog.ln(hi_count + 1), 1e-9);
-                theta := least(greatest(theta, lo + 0.02 * (hi - lo)), hi - 0.02 * (hi - lo));
-            end if;
-            guess := null;
-            -- the bits are kept: the accepted probe's bits are the candidates
-            theta_vec := pg_catalog.array_fill(theta::real, array[least(state.block_size, 125)])::@extschema:vector@.vector;
-            while @extschema:vector@.vector_dims(theta_vec) < state.block_size loop
-                theta_vec := theta_vec operator(@extschema:vector@.||) @extschema:vector@.subvector(theta_vec, 1, least(
-                    @extschema:vector@.vector_dims(theta_vec), state.block_size - @extschema:vector@.vector_dims(theta_vec)));
-            end loop;
-            probe_count := 0;
-            probe_bits := '{}';
-            for j in 1..cardinality(block_scores) loop
-                block_bits := @extschema:vector@.binary_quantize(block_scores[j] operator(@extschema:vector@.-) theta_vec);
-                probe_count := probe_count + pg_catalog.bit_count(block_bits);
-                probe_bits := probe_bits || block_bits;
-            end loop;
-            if probe_count < need then
-                hi := theta;
-                hi_count := probe_count;
-            else
-                lo := theta;
-                lo_count := probe_count;
-                lo_bits := probe_bits;
-                -- a wider window costs more in reading the candidates' ids than another probe
-                exit when probe_count <= need + slack * (case when guessed then 2 else 3 end);
-            end if;
-            guessed := false;
-            exit when iterations >= 30;
+            block_nos[cardinality(block_nos) + 1] := block.block_no;
+            block_scores[cardinality(block_scores) + 1] := block.scores;
+            idf_ratio := greatest(idf_ratio, block.ratio);
         end loop;
-        theta := lo;
-        if lo_bits is null then  -- theta = 0: every cached match
-            select array_agg(@extschema:vector@.binary_quantize(u.s) order by u.i) into lo_bits
-              from unnest(block_scores) with ordinality as u(s, i);
+        idf_ratio := coalesce(idf_ratio, 1);
+
+        drift := greatest(1.0, avgdl / state.avgdl) * idf_ratio;
+        need := search_lexical.match_count + 8;
+        -- above every cached score (each tf part is < 1)
+        hi := (select sum(u.idf) from unnest(terms, idfs) as u(lexeme, idf)
+                where u.lexeme <> all (rare_terms)) * 1.001 / least(idf_ratio, 1) + 1e-9;
+        hi := coalesce(hi, 0);
+        hi_start := hi;
+        hi_count := 0;
+
+        -- a first guess at theta from a sample of about 15% of the blocks (at least 2): at the
+        -- target count (2 x need) it expects a dozen hits, enough for a guess within ~30%
+        if cardinality(block_scores) > 3 then
+            probe := kb._lexical_threshold(
+                block_scores, state.block_size,
+                pg_catalog.ceil(cardinality(block_scores)::float8
+                                / greatest(2, pg_catalog.ceil(0.15 * cardinality(block_scores))))::integer,
+                n_chunks, hi, hi_count, target => 2.0 * need, floor_count => 3 * need / 2,
+                accept_count => 3 * need, guess => null, guess_accept => null, max_probes => 12,
+                min_width => 0, keep_bits => false);
+            guess := nullif(probe.theta, 0);  -- the highest theta whose estimated count reached need
         end if;
 
-        -- chunk ids of the cached scores above theta: the '1' bits, found by splitting their
-        -- text on '1' (C string code; the pieces are the gaps between set bits; octet_length,
-        -- as length() counts the characters of every piece, 16,000 a block), with their
-        -- cached scores; only the best keep_count are rescored: theta rises to the best
-        -- score left out, so every chunk left unread still scores at most theta (cached);
-        -- a fresh cache (drift 1) scores as exactly as float32 allows: unfiltered, its best
-        -- match_count and two more suffice on the first round, filtered (or on a later round,
-        -- after too few survived) its best need; a stale one keeps half as many again for the
-        -- stop test's drift factor
-        keep_count := case
-            when drift <> 1 then need + need / 2
-            when filter_sql = 'true' and need = search_lexical.match_count + 8
-                then search_lexical.match_count + 2
-            else need end;
-        select coalesce(array_agg(y.id order by y.v desc, y.id) filter (where y.r <= keep_count), '{}'),
-               coalesce(max(y.v) filter (where y.r > keep_count), theta)
-          into candidate_ids, theta
-          from (select z.id, z.v, pg_catalog.rank() over (order by z.v desc) as r
-                  from (select x.bno::bigint * state.block_size + p.pos - 1 as id,
-                               (@extschema:vector@.subvector(x.s, p.pos::integer, 1)::real[])[1] as v
-                  from unnest(block_nos, lo_bits, block_scores) as x(bno, bits, s)
-                  cross join lateral (
-                      select sum(pg_catalog.octet_length(u.piece) + 1) over (order by u.ord) as pos
-                        from pg_catalog.unnest(pg_catalog.string_to_array(x.bits::text, '1'))
-                             with ordinality as u(piece, ord)
-                  ) p
-                 where pg_catalog.bit_count(x.bits) > 0 and p.pos <= state.block_size
-                 offset 0) z) y;
-        lo_count := cardinality(candidate_ids);
+        loop
+            -- a threshold theta leaving between need and need + slack cached candidates above
+            -- it (slack: 2x need while small, +50% once rescoring them costs more than probing);
+            -- a sampled guess is accepted with a narrower window than a probe for more
+            slack := greatest(2 * (search_lexical.match_count + 8), need / 2);
+            probe := kb._lexical_threshold(
+                block_scores, state.block_size, 1, n_chunks, hi, hi_count,
+                target => (need + slack / 2)::float8, floor_count => need,
+                accept_count => need + 3 * slack, guess => guess, guess_accept => need + 2 * slack,
+                -- too few chunks in all to be worth a threshold: theta 0, every cached match
+                max_probes => case when n_chunks <= need + slack or cardinality(block_scores) = 0
+                                   then 0 else 30 end,
+                min_width => 1e-9 * hi_start, keep_bits => true);
+            guess := null;
 
-        if filter_sql = 'true' then
-            -- kb.bm25_rank's scoring as static SQL: its plan is cached, EXECUTE re-plans
+            -- only the best keep_count cached candidates are rescored: theta rises to the best
+            -- cached score left out, so every chunk left unread still scores at most theta
+            -- (cached); a fresh cache (drift 1) scores as exactly as float32 allows: unfiltered,
+            -- its best match_count and two more suffice on the first round, filtered (or on a
+            -- later round, after too few survived) its best need; a stale one keeps half as
+            -- many again for the stop test's drift factor
+            keep_count := case
+                when drift <> 1 then need + need / 2
+                when filter_sql = 'true' and need = search_lexical.match_count + 8
+                    then search_lexical.match_count + 2
+                else need end;
+            select x.candidate_ids, x.theta_left into candidate_ids, theta
+              from kb._lexical_candidates(block_nos, probe.bits, block_scores, state.block_size,
+                                          keep_count, probe.theta) x;
+
+            -- exact BM25 of the candidates: without filters as static SQL (its plan is cached;
+            -- EXECUTE in kb._bm25_rank plans anew), with them through kb._bm25_rank
             select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
                    array_agg(b.document_id order by b.score desc, b.chunk_id),
                    array_agg(b.score order by b.score desc, b.chunk_id)
               into ranked_ids, ranked_docs, ranked_scores
-              from (select c.id as chunk_id, c.document_id, s.score
-                      from kb.chunks c
-                      cross join lateral (
-                          select sum(idfs[pg_catalog.array_position(terms, u.lexeme)] * u.tf
-                                     / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / avgdl))) as score
-                            from (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
-                                    from pg_catalog.unnest(pg_catalog.ts_delete(c.tsv, pg_catalog.tsvector_to_array(
-                                             pg_catalog.ts_delete(c.tsv, terms)))) as x) as u) as s
-                     where c.id = any (candidate_ids || extra_ids)
-                       and c.tsv @@ all_terms
-                       and (excluded is null or not c.tsv @@ excluded)
-                     order by s.score desc, c.id
-                     limit search_lexical.match_count) b;
-        else
-            select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
-                   array_agg(b.document_id order by b.score desc, b.chunk_id),
-                   array_agg(b.score order by b.score desc, b.chunk_id)
-              into ranked_ids, ranked_docs, ranked_scores
-              from kb.bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
-                                search_lexical.match_count, search_lexical.groups,
-                                search_lexical.category, search_lexical.labels) b;
-        end if;
+              from ((select c.id as chunk_id, c.document_id, s.score
+                       from kb.chunks c
+                       cross join lateral kb._bm25_score(c.tsv, c.token_count, terms, idfs, avgdl) s
+                      where filter_sql = 'true'
+                        and c.id = any (candidate_ids || extra_ids)
+                        and c.tsv @@ all_terms
+                        and (excluded is null or not c.tsv @@ excluded)
+                      order by s.score desc, c.id
+                      limit search_lexical.match_count)
+                    union all
+                    select r.chunk_id, r.document_id, r.score
+                      from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
+                                         search_lexical.match_count, search_lexical.groups,
+                                         search_lexical.category, search_lexical.labels) r
+                     where filter_sql <> 'true') b;
 
-        -- exact once the k-th score beats every chunk left below theta (float32 slack)
-        exit when theta = 0
-               or (coalesce(cardinality(ranked_ids), 0) >= search_lexical.match_count
-                   and ranked_scores[search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
-        -- too few survived the filters (or deletions): aim at enough candidates for the
-        -- observed survival rate, at least four times as many as this round
-        need := greatest(need * 4,
-                         pg_catalog.ceil(2.0 * (search_lexical.match_count + 8)
-                                         * cardinality(candidate_ids || extra_ids)
-                                         / greatest(coalesce(cardinality(ranked_ids), 0), 1)));
-        hi := theta;
-        hi_count := lo_count;  -- the count at theta: lo ended there
-        if need > 4 * exhaustive_limit + search_lexical.match_count then
+            -- exact once the k-th score beats every chunk left below theta (float32 slack)
+            exit when theta = 0
+                   or (coalesce(cardinality(ranked_ids), 0) >= search_lexical.match_count
+                       and ranked_scores[search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
+            -- too few survived the filters (or deletions): aim at enough candidates for the
+            -- observed survival rate, at least four times as many as this round
+            need := greatest(need * 4,
+                             pg_catalog.ceil(2.0 * (search_lexical.match_count + 8)
+                                             * cardinality(candidate_ids || extra_ids)
+                                             / greatest(coalesce(cardinality(ranked_ids), 0), 1)));
+            hi := theta;
+            hi_count := cardinality(candidate_ids);  -- the count at theta
             -- filters or deletions hide too many cached candidates: score exhaustively
-            return query select (pg_catalog.row_number() over (order by b.score desc, b.chunk_id))::integer,
-                                b.chunk_id, b.document_id, b.score
-                           from kb.bm25_rank(terms, idfs, avgdl, excluded, null,
-                                             search_lexical.match_count, search_lexical.groups,
-                                             search_lexical.category, search_lexical.labels) b;
-            return;
-        end if;
-    end loop;
+            exhaustive := need > 4 * exhaustive_limit + search_lexical.match_count;
+            exit when exhaustive;
+        end loop;
+    end if;
 
+    if exhaustive then
+        return query select * from kb._bm25_rank(terms, idfs, avgdl, excluded, null,
+                                                 search_lexical.match_count, search_lexical.groups,
+                                                 search_lexical.category, search_lexical.labels,
+                                                 filter_first => filter_first);
+        return;
+    end if;
     return query select u.ord::integer, u.id, u.doc, u.sc
                    from unnest(ranked_ids, ranked_docs, ranked_scores)
                         with ordinality as u(id, doc, sc, ord);
@@ -525,7 +591,9 @@ $$;
 comment on function kb.search_lexical(text, integer, text[], text, text[]) is
     'Lexical arm: exact Okapi BM25 (k1 1.2, b 0.75) top match_count chunks for a '
     'websearch_to_tsquery(''english'') query with OR semantics, filters applied; fast on '
-    'frequent terms through the kb.lexical_blocks impact cache, exact whatever its age.';
+    'frequent terms through the kb.lexical_blocks impact cache, exact whatever its age. Cost '
+    'bound: at most 100,000 characters and 64 excluded words (else SQLSTATE KB003); the 64 '
+    'rarest distinct terms the corpus holds are scored.';
 
 create or replace function kb.refresh_lexical_index(full_rebuild boolean default false)
 returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, avgdl double precision)

@@ -2,8 +2,10 @@
 -- A path's score is the product of its edge weights (weights are in [0, 1], so deeper is
 -- never better); a chunk keeps its best path. Each step reads the two indexed directions
 -- separately (src via the primary key, dst via edges_dst): one recursive CTE that OR-ed both
--- ends in its join was measured ~400x slower. Cycle-safe (a path never revisits a chunk),
--- bounded in depth and in fan-out (the 32 heaviest edges per chunk and direction).
+-- ends in its join was measured ~400x slower. Cycle-safe and linear in what it reads: a chunk
+-- is expanded again only when its best score improved (at most max_depth times), bounded in
+-- depth, in fan-out (the 32 heaviest edges per chunk and direction) and per level (the 10,000
+-- best-scoring chunks a level improves).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
 
@@ -30,6 +32,14 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
+declare
+    best_ids bigint[];
+    best_scores double precision[];
+    best_hops integer[];
+    best_via bigint[];
+    frontier_ids bigint[];
+    frontier_scores double precision[];
+    frontier_via bigint[];
 begin
     if expand_graph.max_depth is null or expand_graph.max_depth not between 1 and 5 then
         raise exception 'max_depth must be between 1 and 5, got %', coalesce(expand_graph.max_depth::text, 'NULL')
@@ -46,39 +56,61 @@ begin
     if coalesce(cardinality(expand_graph.seed_chunk_ids), 0) = 0 or expand_graph.max_returned = 0 then
         return;
     end if;
+    -- level by level (Bellman-Ford bounded by the depth): a chunk is expanded again only when
+    -- its best score improved, so each level reads at most 64 edges per chunk reached; the
+    -- recursive CTE of 0.1.0 followed every path (a 70-chunk clique at depth 4: 10 s)
+    select array_agg(s.id), array_agg(1.0::float8), array_agg(0), array_agg(null::bigint)
+      into best_ids, best_scores, best_hops, best_via
+      from (select distinct x.id from pg_catalog.unnest(expand_graph.seed_chunk_ids) as x(id)
+             where x.id is not null) s;
+    frontier_ids := best_ids;
+    frontier_scores := best_scores;
+    for hop in 1..expand_graph.max_depth loop
+        exit when coalesce(cardinality(frontier_ids), 0) = 0;
+        -- the best path into each chunk this level (ties: the smaller via), where it beats the
+        -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
+        -- best-scoring chunks when a level would reach more
+        select coalesce(array_agg(c.next_id), '{}'), coalesce(array_agg(c.score), '{}'),
+               coalesce(array_agg(c.via), '{}')
+          into frontier_ids, frontier_scores, frontier_via
+          from (select c.next_id, c.score, c.via
+                  from (select distinct on (n.next_id) n.next_id, f.score * n.weight as score,
+                               f.id as via
+                          from unnest(frontier_ids, frontier_scores) as f(id, score)
+                          cross join lateral (
+                              (select e.dst_chunk_id as next_id, e.weight::float8 as weight
+                                 from kb.edges e where e.src_chunk_id = f.id
+                                order by e.weight desc limit 32)
+                              union all
+                              (select e.src_chunk_id, e.weight::float8
+                                 from kb.edges e where e.dst_chunk_id = f.id
+                                order by e.weight desc limit 32)
+                          ) n
+                         where f.score * n.weight >= expand_graph.min_score
+                         order by n.next_id, f.score * n.weight desc, f.id) c
+                  left join unnest(best_ids, best_scores) as b(id, score) on b.id = c.next_id
+                 where b.id is null or c.score > b.score
+                 order by c.score desc, c.next_id
+                 limit 10000) c;
+        -- merge the improvements into the best paths (one hash join, not a scan per chunk)
+        select array_agg(coalesce(n.id, b.id)), array_agg(coalesce(n.score, b.score)),
+               array_agg(case when n.id is null then b.hops else hop end),
+               array_agg(case when n.id is null then b.via else n.via end)
+          into best_ids, best_scores, best_hops, best_via
+          from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
+          full join unnest(frontier_ids, frontier_scores, frontier_via) as n(id, score, via)
+            on n.id = b.id;
+    end loop;
+
     return query
-    with recursive walk (node, hops, via, path_score, path) as (
-        select s.id, 0, null::bigint, 1.0::float8, array[s.id]
-          from (select distinct x.id from pg_catalog.unnest(expand_graph.seed_chunk_ids) as x(id)
-                 where x.id is not null) s
-        union all
-        select n.next_id, w.hops + 1, w.node, w.path_score * n.weight, w.path || n.next_id
-          from walk w
-          cross join lateral (
-              (select e.dst_chunk_id as next_id, e.weight::float8 as weight
-                 from kb.edges e where e.src_chunk_id = w.node
-                order by e.weight desc limit 32)
-              union all
-              (select e.src_chunk_id, e.weight::float8
-                 from kb.edges e where e.dst_chunk_id = w.node
-                order by e.weight desc limit 32)
-          ) n
-         where w.hops < expand_graph.max_depth
-           and w.path_score * n.weight >= expand_graph.min_score
-           and n.next_id <> all (w.path)
-    ), best as (
-        select distinct on (w.node) w.node, w.hops, w.via, w.path_score
-          from walk w
-         where w.hops > 0 and w.node <> all (expand_graph.seed_chunk_ids)
-         order by w.node, w.path_score desc, w.hops, w.via
-    )
-    select (pg_catalog.row_number() over (order by b.path_score desc, b.hops, b.node))::integer,
-           b.node, c.document_id, b.path_score, b.hops, b.via
-      from best b
-      join kb.chunks c on c.id = b.node
-     where kb.chunk_matches_filters(c.groups, c.category, c.labels,
-                                    expand_graph.groups, expand_graph.category, expand_graph.labels)
-     order by b.path_score desc, b.hops, b.node
+    select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
+           b.id, c.document_id, b.score, b.hops, b.via
+      from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
+      join kb.chunks c on c.id = b.id
+     where b.hops > 0 and b.id <> all (expand_graph.seed_chunk_ids)
+       and kb._chunk_matches_filters(c.groups, c.category, c.labels,
+                                     expand_graph.groups, expand_graph.category, expand_graph.labels)
+     order by b.score desc, b.hops, b.id
      limit expand_graph.max_returned;
 end
 $$;

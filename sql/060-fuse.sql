@@ -25,7 +25,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 begin
-    perform kb.check_fusion_parameters(fuse_rrf.rrf_k, fuse_rrf.vector_weight,
+    perform kb._check_fusion_parameters(fuse_rrf.rrf_k, fuse_rrf.vector_weight,
                                        fuse_rrf.lexical_weight, fuse_rrf.graph_weight);
     return query
     with hits as (
@@ -73,7 +73,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 begin
-    perform kb.check_max_per_doc(cap_per_document.max_per_doc);
+    perform kb._check_max_per_doc(cap_per_document.max_per_doc);
     if coalesce(cardinality(cap_per_document.chunk_ids), 0)
        <> coalesce(cardinality(cap_per_document.document_ids), 0) then
         raise exception 'chunk_ids and document_ids differ in length (% vs %)',

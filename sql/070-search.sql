@@ -75,20 +75,20 @@ declare
     vector_only boolean;
     embeddings @extschema:vector@.vector[];
 begin
-    perform kb.check_match_count(search.match_count);
+    perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
         raise exception 'fetch_multiplier must be between 1 and 100, got %',
                 coalesce(search.fetch_multiplier::text, 'NULL')
             using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
     end if;
-    perform kb.check_fusion_parameters(search.rrf_k, search.vector_weight,
+    perform kb._check_fusion_parameters(search.rrf_k, search.vector_weight,
                                        search.lexical_weight, search.graph_weight);
-    perform kb.check_max_per_doc(search.max_per_doc);
+    perform kb._check_max_per_doc(search.max_per_doc);
     if not has_text and search.query_embedding is null then
         raise exception 'nothing to search: the query text is empty and no embedding was given'
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
     end if;
-    perform kb.check_query_embedding(search.query_embedding);
+    perform kb._check_query_embedding(search.query_embedding);
     if search.rerank_pool is not null and search.rerank_pool not between 1 and 1000 then
         raise exception 'rerank_pool must be between 1 and 1000, got %', search.rerank_pool
             using errcode = '22023', hint = 'each arm fetches greatest(rerank_pool, match_count) candidates for a reranker; 20 is usual';
@@ -110,6 +110,10 @@ begin
               from kb.search_lexical(search.query_text, pool, search.groups, search.category,
                                      search.labels) l;
         exception when others then
+            -- a query over the cost bound (KB003) is the caller's to fix, not a broken arm
+            if sqlstate = 'KB003' then
+                raise;
+            end if;
             -- fail-soft: a broken lexical arm must not take the vector arm down with it
             raise notice 'kbpg: lexical arm failed (SQLSTATE %: %); ranking without it', sqlstate, sqlerrm;
             lexical_ids := '{}';

@@ -74,7 +74,7 @@ def test_every_sql_file_is_applied(db_url: str) -> None:
                 "select proname from pg_catalog.pg_proc where pronamespace = 'kb'::regnamespace"
             )
         }
-    assert {"set_embedding_space", "check_query_embedding"} <= names
+    assert {"set_embedding_space", "_check_query_embedding"} <= names
 
 
 def test_own_version_table_leaves_host_alembic_alone(new_database) -> None:
