@@ -53,30 +53,17 @@ begin atomic
 end
 """
 
-# 0.1.0's kb.expand_graph walk: every simple path, then each chunk's best
-OLD_WALK = """
-with recursive walk (node, hops, via, path_score, path) as (
-    select s.id, 0, null::bigint, 1.0::float8, array[s.id]
-      from (select distinct x.id from unnest(%(seeds)s::bigint[]) as x(id)) s
-    union all
-    select n.next_id, w.hops + 1, w.node, w.path_score * n.weight, w.path || n.next_id
-      from walk w
-      cross join lateral (
-          (select e.dst_chunk_id as next_id, e.weight::float8 as weight
-             from kb.edges e where e.src_chunk_id = w.node order by e.weight desc limit 32)
-          union all
-          (select e.src_chunk_id, e.weight::float8
-             from kb.edges e where e.dst_chunk_id = w.node order by e.weight desc limit 32)
-      ) n
-     where w.hops < %(depth)s and w.path_score * n.weight >= %(min_score)s
-       and n.next_id <> all (w.path)
-), best as (
-    select distinct on (w.node) w.node, w.hops, w.via, w.path_score
-      from walk w where w.hops > 0 and w.node <> all (%(seeds)s::bigint[])
-     order by w.node, w.path_score desc, w.hops, w.via
-)
-select b.node from best b order by b.path_score desc, b.hops, b.node limit 3
-"""
+V0_1_0_SQL = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "v0_1_0" / "sql"
+
+
+OLD_WALK = "select * from pg_temp.expand_graph(%s::bigint[], %s, 3, 0.5)"
+
+
+def create_0_1_0_walk(conn: psycopg.Connection[Any]) -> None:
+    """0.1.0's kb.expand_graph (it followed every simple path) as pg_temp.expand_graph."""
+    text = (V0_1_0_SQL / "050-expand-graph.sql").read_text()
+    text = text.replace("kb.expand_graph(", "pg_temp.expand_graph(")
+    conn.execute(text.replace("kb.chunk_matches_filters(", "kb._chunk_matches_filters("))
 
 
 def words(n: int, rng: random.Random) -> str:
@@ -144,6 +131,7 @@ def main() -> None:
             vocabulary, clique = load(conn, rng)
             conn.autocommit = True
             conn.execute(OLD_QUERY_TERMS)
+            create_0_1_0_walk(conn)
             print(f"{'':44} {'0.1.0 ms':>10} {'now ms':>10}")
             for n in (500, 2000, 7300):
                 # the corpus's words first (each in ~40 chunks), then words it lacks
@@ -172,9 +160,8 @@ def main() -> None:
                     )
                     print(f"{f'  {name}, {n:,} words':44} {'':>10} {ms:10.1f}")
             for depth in range(1, 6):
-                params = {"seeds": [clique[0]], "depth": depth, "min_score": 0.5}
                 old_ms = (
-                    f"{timed_ms(lambda p=params: conn.execute(OLD_WALK, p).fetchall(), 1):10.1f}"
+                    f"{timed_ms(lambda d=depth: conn.execute(OLD_WALK, ([clique[0]], d)).fetchall(), 1):10.1f}"
                     if depth <= args.old_depth
                     else f"{'(skipped)':>10}"
                 )

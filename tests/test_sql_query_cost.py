@@ -4,6 +4,7 @@ graph walks linear in what they read (issue 14). Timing lives in benchmarks/benc
 from __future__ import annotations
 
 import random
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -93,31 +94,13 @@ def test_more_than_64_excluded_words_is_kb003(conn):
 
 # -- graph: linear in what it reads, identical to following every path --------------------------
 
-# kb.expand_graph of 0.1.0: every simple path, each chunk's best kept (the reference)
-PATH_WALK = """
-with recursive walk (node, hops, via, path_score, path) as (
-    select s.id, 0, null::bigint, 1.0::float8, array[s.id]
-      from (select distinct x.id from unnest(%(seeds)s::bigint[]) as x(id)) s
-    union all
-    select n.next_id, w.hops + 1, w.node, w.path_score * n.weight, w.path || n.next_id
-      from walk w
-      cross join lateral (
-          (select e.dst_chunk_id as next_id, e.weight::float8 as weight
-             from kb.edges e where e.src_chunk_id = w.node order by e.weight desc limit 32)
-          union all
-          (select e.src_chunk_id, e.weight::float8
-             from kb.edges e where e.dst_chunk_id = w.node order by e.weight desc limit 32)
-      ) n
-     where w.hops < %(depth)s and w.path_score * n.weight >= %(min_score)s
-       and n.next_id <> all (w.path)
-), best as (
-    select distinct on (w.node) w.node, w.hops, w.via, w.path_score
-      from walk w where w.hops > 0 and w.node <> all (%(seeds)s::bigint[])
-     order by w.node, w.path_score desc, w.hops, w.via
-)
-select b.node, b.path_score, b.hops, b.via from best b
- order by b.path_score desc, b.hops, b.node
-"""
+V0_1_0_GRAPH = Path(__file__).parent / "fixtures" / "v0_1_0" / "sql" / "050-expand-graph.sql"
+
+
+def create_0_1_0_walk(conn: psycopg.Connection[Any]) -> None:
+    """0.1.0's kb.expand_graph (every simple path, each chunk's best) as pg_temp.expand_graph."""
+    text = V0_1_0_GRAPH.read_text().replace("kb.expand_graph(", "pg_temp.expand_graph(")
+    conn.execute(text.replace("kb.chunk_matches_filters(", "kb._chunk_matches_filters("))
 
 
 def walk(conn: psycopg.Connection[Any], seeds: list[int], depth: int, min_score: float) -> list:
@@ -134,7 +117,8 @@ def assert_same_walk(actual: list, expected: list) -> None:
     assert [a[1] for a in actual] == pytest.approx([e[1] for e in expected], abs=1e-12)
 
 
-def test_walk_equals_every_path_walk_on_a_random_graph(conn):
+def test_walk_equals_0_1_0s_every_path_walk_on_a_random_graph(conn):
+    create_0_1_0_walk(conn)
     rng = random.Random(4)
     doc = add_doc(conn, "graph")
     nodes = [add_chunk(conn, doc, f"node {i}") for i in range(24)]
@@ -146,7 +130,9 @@ def test_walk_equals_every_path_walk_on_a_random_graph(conn):
         for seeds in ([nodes[0]], [nodes[3], nodes[17]], nodes[5:9]):
             for min_score in (0.0, 0.3):
                 expected = conn.execute(
-                    PATH_WALK, {"seeds": seeds, "depth": depth, "min_score": min_score}
+                    "select chunk_id, score, depth, via_chunk_id"
+                    " from pg_temp.expand_graph(%s::bigint[], %s, 1000, %s)",
+                    (seeds, depth, min_score),
                 ).fetchall()
                 assert_same_walk(walk(conn, seeds, depth, min_score), expected)
 
