@@ -14,12 +14,14 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 
 from kbpg import db as kdb
 from kbpg import queries
-from kbpg.config import Settings
-from kbpg.errors import Busy, DatabaseUnavailable, InvalidInput, KbpgError
+from kbpg.config import ModelSettings, Settings
+from kbpg.errors import Busy, ConfigError, DatabaseUnavailable, InvalidInput, KbpgError
 from kbpg.request import SearchRequest
+from kbpg.stages import ExpansionCache
 
 if TYPE_CHECKING:
     from kbpg.embedding import Embedder
+    from kbpg.models import ChatClient, Reranker
     from kbpg.search import SearchResult
 
 Connection = psycopg.Connection[Any]
@@ -38,12 +40,41 @@ class Principal:
             raise InvalidInput(f"not a role name: {self.role!r}")
 
 
-@dataclass
 class ModelClients:
-    """Model stages beside the embedder (reranker, chat model); None where not configured."""
+    """The model stages beside the embedder (reranker, chat model), built from the settings
+    on first use, and the query-expansion cache they share across requests."""
 
-    reranker: Any = None
-    chat: Any = None
+    def __init__(self, settings: ModelSettings) -> None:
+        self.settings = settings
+        self.expansions = ExpansionCache()
+        self._lock = threading.Lock()
+        self._reranker: Reranker | None = None
+        self._chat: ChatClient | None = None
+
+    def reranker(self) -> Reranker:
+        """The reranker KBPG_RERANK names; ConfigError when it is `none`."""
+        from kbpg.models import make_reranker
+
+        with self._lock:
+            if self._reranker is None:
+                reranker = make_reranker(self.settings)
+                if reranker is None:
+                    raise ConfigError(
+                        "reranking was asked for, but no reranker is configured",
+                        hint="set KBPG_RERANK to api, tei or llm (and KBPG_RERANK_URL / "
+                        "KBPG_RERANK_MODEL or KBPG_CHAT_*), or search without --rerank",
+                    )
+                self._reranker = reranker
+            return self._reranker
+
+    def chat(self) -> ChatClient:
+        """The chat model of KBPG_CHAT_BASE_URL / KBPG_CHAT_MODEL (query expansion, context)."""
+        from kbpg.models import make_chat
+
+        with self._lock:
+            if self._chat is None:
+                self._chat = make_chat(self.settings)
+            return self._chat
 
 
 class KnowledgeBase:
@@ -66,7 +97,7 @@ class KnowledgeBase:
     ) -> None:
         self.settings = settings or Settings.from_env()
         self.url = url or kdb.resolve_url(self.settings)
-        self.models = ModelClients()
+        self.models = ModelClients(self.settings.models)
         self._embedder = embedder
         self._embedder_name = embedder_name
         self._embedder_lock = threading.Lock()

@@ -350,8 +350,20 @@ def db_check(app: AppContext) -> None:
 @click.option(
     "--arms",
     default=None,
-    help="Comma-separated arms: hybrid,vector,lexical,graph "
+    help="Comma-separated arms: hybrid,vector,lexical,graph,rerank,expand "
     "[default: hybrid,vector,lexical, plus graph when ingest made edges].",
+)
+@click.option(
+    "--rerank",
+    "rerank_arm",
+    is_flag=True,
+    help="Add a `rerank` arm: the hybrid search reranked by the KBPG_RERANK reranker.",
+)
+@click.option(
+    "--expand",
+    "expand_arm",
+    is_flag=True,
+    help="Add an `expand` arm: the hybrid search with query expansion (KBPG_CHAT_*).",
 )
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv.")
 @embedder_option
@@ -374,6 +386,8 @@ def eval_command(
     top_k: int,
     depth: int,
     arms: str | None,
+    rerank_arm: bool,
+    expand_arm: bool,
     split: str,
     embedder_name: str | None,
     save_runs: Path | None,
@@ -394,6 +408,9 @@ def eval_command(
 
     dataset = ev.load_beir(dataset_dir, split)
     chosen = ev.parse_arms(arms)
+    extra = ("rerank",) * rerank_arm + ("expand",) * expand_arm
+    if extra:
+        chosen = tuple(dict.fromkeys((*(chosen or ev.DEFAULT_ARMS), *extra)))
     model = get_embedder(app.settings, embedder_name)
     report = ev.evaluate(
         app.url,
@@ -467,6 +484,8 @@ def search(
         result = kb.search(request)
     for notice in result.notices:
         click.echo(f"Notice: {notice}", err=True)
+    for warning in result.warnings:
+        click.echo(f"Warning: {warning}", err=True)
     if as_json:
         click.echo(output.render_json(result))
     elif context_only:

@@ -142,7 +142,12 @@ RERANKERS = ("none", "api", "tei", "llm")
 
 @dataclass(frozen=True)
 class ModelSettings:
-    """The optional model stages: reranker, chat model (LLM reranking, query expansion)."""
+    """The optional model stages: reranker, chat model (LLM reranking, query expansion).
+
+    KBPG_RERANK picks the reranker and turns reranking on by default (none: off);
+    KBPG_EXPAND turns query expansion on by default. Per request, `rerank` / `expand`
+    override both.
+    """
 
     rerank: str = "none"
     rerank_url: str = ""
@@ -157,6 +162,8 @@ class ModelSettings:
     chat_timeout_s: float = 30.0
     connect_timeout_s: float = 3.0
     retries: int = 1
+    expand: bool = False
+    expand_count: int = 3
 
     @classmethod
     def from_env(cls) -> ModelSettings:
@@ -180,4 +187,6 @@ class ModelSettings:
             chat_timeout_s=_env_float("KBPG_CHAT_TIMEOUT", 30.0),
             connect_timeout_s=_env_float("KBPG_MODEL_CONNECT_TIMEOUT", 3.0),
             retries=_env_int("KBPG_MODEL_RETRIES", 1, minimum=0),
+            expand=_env_bool("KBPG_EXPAND", False),
+            expand_count=_env_int("KBPG_EXPAND_COUNT", 3),
         )

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import math
 import secrets
 import time
@@ -21,15 +22,18 @@ from kbpg import db as kdb
 from kbpg import queries
 from kbpg.app import KnowledgeBase
 from kbpg.config import DEFAULT_MAX_CHUNKS, Settings
-from kbpg.errors import DatabaseUnavailable, InvalidInput, KbpgError, from_psycopg
+from kbpg.errors import ConfigError, DatabaseUnavailable, InvalidInput, KbpgError, from_psycopg
 from kbpg.request import check_options, sql_arguments
 
-ARMS = ("hybrid", "vector", "lexical", "graph")
+ARMS = ("hybrid", "vector", "lexical", "graph", "rerank", "expand")
 DEFAULT_ARMS = ("hybrid", "vector", "lexical")
+# Arms that run a model stage around kb.search (the hybrid search plus that stage).
+STAGE_ARMS = {"rerank": "rerank", "expand": "expand"}
 DEFAULT_TOP_K = 10
 DEFAULT_DEPTH = 100
 HIT_K = DEFAULT_MAX_CHUNKS  # hit@8: does the API's default answer hold a relevant document?
 DATABASE_PREFIX = "kbpg_eval_"
+log = logging.getLogger("kbpg.evaluate")
 
 if TYPE_CHECKING:
     from kbpg.embedding import Embedder
@@ -321,6 +325,51 @@ def run_arm(
     return runs
 
 
+def check_stage_arms(arms: Sequence[str], settings: Settings) -> None:
+    """ConfigError now, not after the ingest, when a stage arm's model is not configured."""
+    from kbpg.models import make_chat, make_reranker
+
+    if "rerank" in arms and make_reranker(settings.models) is None:
+        raise ConfigError(
+            "the rerank arm needs a reranker",
+            hint="set KBPG_RERANK to api, tei or llm (with KBPG_RERANK_URL / KBPG_RERANK_MODEL "
+            "or KBPG_CHAT_*)",
+        )
+    if "expand" in arms:
+        make_chat(settings.models)
+
+
+def run_stage_arm(
+    kb: KnowledgeBase,
+    arm: str,
+    texts: Mapping[str, str],
+    cutoffs: Cutoffs,
+    options: SearchOptions,
+) -> dict[str, list[str]]:
+    """`rerank` / `expand`: the hybrid search with that model stage, through the same
+    pipeline as `kbpg search` (a stage that fails falls back to the plain order there too,
+    so the report counts how many queries it failed on)."""
+    from kbpg.request import SearchRequest
+    from kbpg.search import run_search
+
+    stage = STAGE_ARMS[arm]
+    runs: dict[str, list[str]] = {}
+    failed = 0
+    for qid, text in texts.items():
+        found: list[str] = []
+        for match_count in (cutoffs.top_k, cutoffs.depth):
+            # this arm's stage alone, whatever the settings turn on by default
+            only = {name: name == stage for name in STAGE_ARMS.values()}
+            request = SearchRequest(text, **{**options, **only, "top": match_count})
+            result = run_search(kb, request)
+            failed += any(s.status == "failed" for s in result.stages)
+            found += [chunk.source for chunk in result.chunks]
+        runs[qid] = first_occurrences(found, cutoffs.depth)
+    if failed:
+        log.warning("kbpg eval: the %s stage failed on %d calls (plain order used)", arm, failed)
+    return runs
+
+
 # -- the whole evaluation ---------------------------------------------------------------------
 
 
@@ -366,6 +415,7 @@ class Collection:
     has_edges: bool
     timings: Mapping[str, float]
     settings: Settings | None = field(default=None, repr=False)
+    embedder: Embedder | None = field(default=None, repr=False)
 
     @property
     def queries(self) -> dict[str, str]:
@@ -414,6 +464,7 @@ def ingest_collection(
         has_edges=bool(edges and edges[0]),
         timings={"ingest_s": ingest_s, "embed_queries_s": embed_s},
         settings=settings,
+        embedder=embedder,
     )
 
 
@@ -432,15 +483,21 @@ def score_arms(
     metrics: dict[str, dict[str, float]] = {}
     runs: dict[str, dict[str, list[str]]] = {}
     timings: dict[str, float] = {}
-    with KnowledgeBase(collection.url, settings=collection.settings, pool_size=1) as kb:
+    with KnowledgeBase(
+        collection.url, collection.embedder, settings=collection.settings, pool_size=1
+    ) as kb:
         for arm in chosen:
             if progress:
                 progress(f"running {len(texts)} queries through the {arm} arm")
             clock = time.perf_counter()
-            with kb.session() as conn:
-                runs[arm] = run_arm(
-                    conn, arm, texts, collection.embeddings, collection.sources, cutoffs, checked
-                )
+            if arm in STAGE_ARMS:
+                runs[arm] = run_stage_arm(kb, arm, texts, cutoffs, checked)
+            else:
+                with kb.session() as conn:
+                    runs[arm] = run_arm(
+                        conn, arm, texts, collection.embeddings, collection.sources, cutoffs,
+                        checked,
+                    )  # fmt: skip
             timings[f"search_{arm}_s"] = time.perf_counter() - clock
             metrics[arm] = evaluate_run(collection.dataset.qrels, runs[arm], texts, cutoffs)
     return metrics, runs, timings
@@ -461,6 +518,7 @@ def evaluate(
     """`kbpg eval`: ingest `dataset` into a throwaway database on url's server, run the
     arms, score them, drop the database unless `keep`."""
     check_options(options or {})  # before the corpus is ingested, not after
+    check_stage_arms(arms or (), settings or Settings.from_env())
     started = time.perf_counter()
     with throwaway_database(url, keep=keep) as eval_url:
         if progress:

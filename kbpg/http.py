@@ -30,6 +30,7 @@ from kbpg.errors import (
     SchemaNotMigrated,
 )
 from kbpg.search import Chunk, Source
+from kbpg.stages import StageReport
 
 _log = logging.getLogger("uvicorn.error")
 
@@ -96,6 +97,11 @@ class SearchResponse(BaseModel):
     context: str
     sources: list[Source]
     chunks: list[Chunk]
+    stages: list[StageReport] = Field(
+        default_factory=list,
+        description="What each optional stage asked for (rerank, expand) did: applied, "
+        "skipped or failed, with the reason; a failed stage leaves the plain result.",
+    )
 
 
 class ErrorResponse(BaseModel):

@@ -60,10 +60,25 @@ def render_explain(result: SearchResult) -> str:
                 "vector": chunk.vector_rank,
                 "lexical": chunk.lexical_rank,
                 "graph": chunk.graph_rank,
+                "fused": chunk.fused_rank,
+                "rerank_score": None
+                if chunk.rerank_score is None
+                else round(chunk.rerank_score, 4),
             }
             for chunk in result.chunks
         ],
     }
     if result.notices:
         report["notices"] = list(result.notices)
+    if result.stages:
+        report["stages"] = [
+            {
+                "stage": s.stage,
+                "status": s.status,
+                "model": s.model,
+                "ms": round(s.ms, 2),
+                "detail": s.detail,
+            }
+            for s in result.stages
+        ]
     return toon_format.encode(report)

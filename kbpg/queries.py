@@ -12,7 +12,13 @@ from psycopg import sql
 EMBEDDING_SPACE: Final = "select model, dimension from kb.embedding_space"
 SEARCH_COLUMNS: Final = (
     "rank, chunk_id, document_id, source, title, section, content, score, similarity, "
-    "vector_rank, lexical_rank, graph_rank"
+    "vector_rank, lexical_rank, graph_rank, fused_rank"
+)
+# After a reranker: its order through the per-document cap and the cut, as 1-based positions
+# into that order ({max_per_doc} is empty for kb.cap_per_document's own default).
+CAP_AND_CUT: Final = (
+    "select p.input_rank from kb.cap_per_document(%(ids)s::bigint[], %(docs)s::bigint[]"
+    "{max_per_doc}) p where p.rank <= %(top)s order by p.rank"
 )
 
 

@@ -46,6 +46,7 @@ class Option:
     short: str | None = None
     metavar: str | None = None
     tuning: bool = False  # also an option of `kbpg eval` (ranking knobs, not filters)
+    stage: bool = False  # a model stage run in Python around kb.search, not a kb.search parameter
 
     @property
     def sql_type(self) -> str:
@@ -118,6 +119,12 @@ class SearchRequest:
     graph_min_score: float | None = _field(
         "float", "Graph arm: path score floor (product of edge weights).", 0.0, 1.0,
         default_note="0.5, set in SQL", tuning=True)
+    rerank: bool | None = _field(
+        "bool", "Rerank the fused candidates with the configured reranker.", env="KBPG_RERANK",
+        default_note="on when KBPG_RERANK names a reranker", stage=True)
+    expand: bool | None = _field(
+        "bool", "Add the chat model's paraphrases of the question to the vector arm.",
+        env="KBPG_EXPAND", default_note="off", stage=True)
     # fmt: on
 
     def __post_init__(self) -> None:
@@ -130,6 +137,8 @@ class SearchRequest:
             self,
             top=settings.default_max_chunks if self.top is None else self.top,
             lexical=settings.lexical_enabled if self.lexical is None else self.lexical,
+            rerank=settings.models.rerank != "none" if self.rerank is None else self.rerank,
+            expand=settings.models.expand if self.expand is None else self.expand,
         )
 
     def arguments(self) -> dict[str, Any]:
@@ -245,10 +254,10 @@ def sql_arguments(options: Mapping[str, Any]) -> dict[str, Any]:
     return {
         OPTIONS[name].sql: list(value) if isinstance(value, tuple) else value
         for name, value in options.items()
-        if value is not None
+        if value is not None and not OPTIONS[name].stage
     }
 
 
 def sql_types() -> dict[str, str]:
     """kb.search's parameter names and SQL types, for the options SearchRequest can set."""
-    return {option.sql: option.sql_type for option in OPTIONS.values()}
+    return {option.sql: option.sql_type for option in OPTIONS.values() if not option.stage}

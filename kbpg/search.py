@@ -14,6 +14,7 @@ from kbpg import queries
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.request import SearchRequest, sql_types, validate_query
+from kbpg.stages import StageReport, cap_and_cut, paraphrases, rerank_order
 
 if TYPE_CHECKING:
     from kbpg.embedding import Embedder, FloatArray
@@ -46,6 +47,8 @@ class Chunk:
     vector_rank: int | None
     lexical_rank: int | None
     graph_rank: int | None
+    fused_rank: int | None = None  # the rank after fusion, before the per-document cap
+    rerank_score: float | None = None  # the reranker's score, when it ranked this chunk
 
 
 @dataclass(frozen=True)
@@ -72,6 +75,7 @@ class SearchResult:
     chunks: tuple[Chunk, ...]
     timings: Timings
     notices: tuple[str, ...] = ()
+    stages: tuple[StageReport, ...] = ()  # what each optional stage asked for did, and why
     sources: tuple[Source, ...] = field(init=False)
     context: str = field(init=False)
 
@@ -92,7 +96,13 @@ class SearchResult:
             "context": self.context,
             "sources": [asdict(s) for s in self.sources],
             "chunks": [asdict(c) for c in self.chunks],
+            "stages": [asdict(s) for s in self.stages],
         }
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """One line per stage that failed (the plain result stands in for it)."""
+        return tuple(s.warning for s in self.stages if s.warning)
 
 
 def collect_sources(chunks: Sequence[Chunk]) -> tuple[Source, ...]:
@@ -137,7 +147,12 @@ def build_context(chunks: Sequence[Chunk], sources: Sequence[Source] | None = No
 # kb.search's parameters with their SQL types (explicit casts keep function resolution
 # independent of how the driver types a Python value). The query vector goes uncast: the
 # pgvector dumper sends it with the type's own oid, wherever the extension lives.
-_SEARCH_TYPES = {**sql_types(), "query_embedding": ""}
+_SEARCH_TYPES = {
+    **sql_types(),
+    "query_embedding": "",
+    "extra_embeddings": "",
+    "rerank_pool": "integer",
+}
 
 
 def _row_to_chunk(row: dict[str, Any]) -> Chunk:
@@ -155,18 +170,35 @@ def _row_to_chunk(row: dict[str, Any]) -> Chunk:
         vector_rank=row["vector_rank"],
         lexical_rank=row["lexical_rank"],
         graph_rank=row["graph_rank"],
+        fused_rank=row["fused_rank"],
+        rerank_score=row.get("rerank_score"),
     )
 
 
 def run_search(
     kb: KnowledgeBase, request: SearchRequest, principal: Principal | None = None
 ) -> SearchResult:
-    """Embed the query, run kb.search in one session as `principal`, and type the rows."""
+    """Embed the query (and its paraphrases), run kb.search in one session as `principal`,
+    rerank the fused pool when asked (then cap and cut in SQL), and type the rows."""
     request = request.with_defaults(kb.settings)
+    assert request.top is not None  # with_defaults fills it
     embedder = kb.embedder
+    stages: list[StageReport] = []
     started = time.perf_counter()
-    embedding = embedder.embed_query(within_window(embedder, request.query))
+    questions = [request.query]
+    if request.expand:
+        found, report = paraphrases(
+            kb.models.chat(), request.query, kb.settings.models.expand_count, kb.models.expansions
+        )
+        stages.append(report)
+        questions += found
+    windowed = [within_window(embedder, q) for q in questions]
+    if len(windowed) == 1:
+        embeddings = [embedder.embed_query(windowed[0])]
+    else:  # the question and its paraphrases in one batch
+        embeddings = list(embedder.embed_documents(windowed))
     embedded = time.perf_counter()
+    reranker = kb.models.reranker() if request.rerank else None
     notices: list[str] = []
 
     def on_notice(diag: psycopg.errors.Diagnostic) -> None:
@@ -177,18 +209,34 @@ def run_search(
         conn.add_notice_handler(on_notice)
         try:
             args = request.arguments()
-            vector = checked_embedding(conn, embedder, embedding)
+            vector = checked_embedding(conn, embedder, embeddings[0])
             if vector is not None:
                 args["query_embedding"] = vector
+                if len(embeddings) > 1:
+                    args["extra_embeddings"] = embeddings[1:]
+            if reranker is not None:
+                args["rerank_pool"] = max(kb.settings.models.rerank_initial_k, request.top)
             statement = queries.call_search(_SEARCH_TYPES, list(args))
             with conn.cursor(row_factory=dict_row) as cursor:
                 rows = cursor.execute(statement, args).fetchall()
         finally:
             conn.remove_notice_handler(on_notice)
+    model_ms = 0.0
+    if reranker is not None:
+        # the model call runs outside any transaction: a slow reranker holds no connection
+        order, report = rerank_order(
+            reranker, request.query, rows, request.top, kb.settings.models.rerank_max_chars
+        )
+        stages.append(report)
+        model_ms = report.ms
+        ranked = [{**rows[i], "rerank_score": score} for i, score in order]
+        with kb.session(principal) as conn:
+            rows = cap_and_cut(conn, ranked, request.top, request.max_per_doc)
     finished = time.perf_counter()
+    expand_ms = sum(s.ms for s in stages if s.stage == "expand")
     timings = Timings(
-        embed_ms=(embedded - started) * 1000,
-        sql_ms=(finished - embedded) * 1000,
+        embed_ms=(embedded - started) * 1000 - expand_ms,
+        sql_ms=(finished - embedded) * 1000 - model_ms,
         total_ms=(finished - started) * 1000,
     )
     return SearchResult(
@@ -196,6 +244,7 @@ def run_search(
         chunks=tuple(_row_to_chunk(row) for row in rows),
         timings=timings,
         notices=tuple(notices),
+        stages=tuple(stages),
     )
 
 

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from kbpg import queries
 from kbpg.errors import ModelError
 from kbpg.models.parsing import parse_json_array
 from kbpg.models.rerank import document_text, full_order
@@ -88,12 +89,6 @@ def rerank_order(
     return order, StageReport("rerank", APPLIED, detail, reranker.model, ms)
 
 
-CAP_AND_CUT = (
-    "select p.input_rank from kb.cap_per_document(%(ids)s::bigint[], %(docs)s::bigint[]"
-    "{max_per_doc}) p where p.rank <= %(top)s order by p.rank"
-)
-
-
 def cap_and_cut(
     conn: psycopg.Connection[Any],
     rows: Sequence[dict[str, Any]],
@@ -102,7 +97,7 @@ def cap_and_cut(
 ) -> list[dict[str, Any]]:
     """`rows` (in their final order) after kb.cap_per_document and the cut to `top`, ranked
     from 1. max_per_doc None: kb.cap_per_document's own default."""
-    statement = CAP_AND_CUT.format(
+    statement = queries.CAP_AND_CUT.format(
         max_per_doc=", %(max_per_doc)s::integer" if max_per_doc is not None else ""
     )
     args = {

@@ -46,7 +46,7 @@ def test_json_output(kb_env: dict[str, str]) -> None:  # noqa: F811
     code, out, err = invoke(kb_env, "search", "renew parking permit", "--json", "--top", "3")
     assert code == 0, err
     payload = json.loads(out)
-    assert set(payload) == {"context", "sources", "chunks"}
+    assert set(payload) == {"context", "sources", "chunks", "stages"}
     assert len(payload["chunks"]) == 3
     chunk = payload["chunks"][0]
     for key in ("document", "source", "section", "score", "similarity", "content"):
@@ -103,7 +103,12 @@ def test_zero_hits_is_success(kb_env: dict[str, str]) -> None:  # noqa: F811
     assert (proc.returncode, proc.stderr) == (0, "")
     assert toon_format.decode(proc.stdout) == {"chunks": []}
     code, out, _ = invoke(kb_env, "search", "qwxzv", "--min-similarity", "0.99", "--json")
-    assert code == 0 and json.loads(out) == {"context": "", "sources": [], "chunks": []}
+    assert code == 0 and json.loads(out) == {
+        "context": "",
+        "sources": [],
+        "chunks": [],
+        "stages": [],
+    }
     code, out, _ = invoke(kb_env, "search", "qwxzv", "--min-similarity", "0.99", "--context")
     assert (code, out) == (0, "")
 
