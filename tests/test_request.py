@@ -140,7 +140,8 @@ def test_cli_offers_every_option() -> None:
             continue
         flag = re.compile(re.escape(option.flag or "--" + name.replace("_", "-")) + r"(?![\w-])")
         assert flag.search(search_help), flag
-        assert bool(flag.search(eval_help)) == (name in TUNING_OPTIONS), flag
+        # tuning knobs are eval options; a stage (--rerank, --expand) is an eval arm
+        assert bool(flag.search(eval_help)) == (name in TUNING_OPTIONS or option.stage), flag
 
 
 def test_http_body_has_every_option() -> None:
