@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,15 @@ from psycopg_pool import ConnectionPool, PoolTimeout
 from kbpg import db as kdb
 from kbpg import queries
 from kbpg.config import ModelSettings, Settings
-from kbpg.errors import Busy, ConfigError, DatabaseUnavailable, InvalidInput, KbpgError
+from kbpg.errors import (
+    Busy,
+    ConfigError,
+    DatabaseUnavailable,
+    InvalidInput,
+    KbpgError,
+    ReadOnlyDatabase,
+)
+from kbpg.replicas import ReadReplicas
 from kbpg.request import SearchRequest
 from kbpg.stages import ExpansionCache
 
@@ -25,6 +34,7 @@ if TYPE_CHECKING:
     from kbpg.search import SearchResult
 
 Connection = psycopg.Connection[Any]
+log = logging.getLogger("kbpg")
 
 
 @dataclass(frozen=True)
@@ -104,6 +114,10 @@ class KnowledgeBase:
         self._lock = threading.Lock()
         self._conn: Connection | None = None
         self._pool: ConnectionPool | None = None
+        # KBPG_READ_URL replicates KBPG_DATABASE_URL, not a database given here (kbpg eval's)
+        self._replicas: ReadReplicas | None = None
+        if self.settings.read_urls and (url is None or url == self.settings.database_url):
+            self._replicas = ReadReplicas(self.settings.read_urls, pool_size=pool_size)
         # Fails fast when the database is down (a pool would keep retrying until its timeout).
         probe = kdb.connect(self.url, autocommit=True)
         if pool_size <= 1:
@@ -155,7 +169,15 @@ class KnowledgeBase:
         open each batch with `transaction()`.
         """
         wait = self.settings.pool_timeout_s if timeout is None else timeout
+        if not write and self._replicas is not None:
+            with kdb.translate_errors(), self._replicas.connection() as replica:
+                if replica is not None:
+                    yield replica
+                    return
+            log.warning("no read replica can serve this call: reading from the primary")
         with kdb.translate_errors(), self._checkout(self._pool_for(write), wait) as conn:
+            if write:
+                _require_primary(conn)
             yield conn
 
     @contextmanager
@@ -225,6 +247,8 @@ class KnowledgeBase:
         return {name: value for name, value in timeouts.items() if value > 0}
 
     def close(self) -> None:
+        if self._replicas is not None:
+            self._replicas.close()
         if self._pool is not None:
             self._pool.close()
         if self._conn is not None:
@@ -287,6 +311,16 @@ class KnowledgeBase:
             report["schema"] = "unknown"
         report["ok"] = report["database"] == "ok" and report["schema"] == "ok"
         return report
+
+
+def _require_primary(conn: Connection) -> None:
+    """Writes stop before any work on a hot standby (one round trip per write connection)."""
+    row = conn.execute("select pg_catalog.pg_is_in_recovery()").fetchone()
+    if row is not None and row[0]:
+        raise ReadOnlyDatabase(
+            "this server is a read-only standby: write on the primary",
+            hint="point KBPG_DATABASE_URL at the primary (replicas belong in KBPG_READ_URL)",
+        )
 
 
 def _pool_timeout(pool: ConnectionPool, wait: float) -> KbpgError:

@@ -79,6 +79,17 @@ def _env_duration_ms(name: str, default: int, minimum: int = 0) -> int:
     return value
 
 
+# libpq URLs may hold commas themselves (postgresql://h1,h2/db): split before a scheme only
+_URL_SEPARATOR = re.compile(r"\s*,\s*(?=postgres(?:ql)?://)")
+
+
+def parse_read_urls(value: str | None) -> tuple[str, ...]:
+    """KBPG_READ_URL: one or more PostgreSQL URLs, comma-separated."""
+    if value is None or not value.strip():
+        return ()
+    return tuple(url.strip() for url in _URL_SEPARATOR.split(value.strip()) if url.strip())
+
+
 def default_home() -> Path:
     """Where the embedded server keeps its data when KBPG_HOME is unset.
 
@@ -109,6 +120,8 @@ class Settings:
     lock_timeout_ms: int = LOCK_TIMEOUT_MS
     idle_in_transaction_timeout_ms: int = IDLE_IN_TRANSACTION_TIMEOUT_MS
     pool_timeout_s: float = POOL_TIMEOUT_MS / 1000
+    # read replicas of database_url (KBPG_READ_URL): searches go there, writes never
+    read_urls: tuple[str, ...] = ()
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -134,6 +147,7 @@ class Settings:
                 "KBPG_IDLE_IN_TRANSACTION_TIMEOUT", IDLE_IN_TRANSACTION_TIMEOUT_MS
             ),
             pool_timeout_s=_env_duration_ms("KBPG_POOL_TIMEOUT", POOL_TIMEOUT_MS, minimum=1) / 1000,
+            read_urls=parse_read_urls(os.environ.get("KBPG_READ_URL")),
         )
 
 
