@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -12,6 +13,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
+import httpx
 import psycopg
 import pytest
 
@@ -20,7 +22,7 @@ from kbpg.config import Settings
 from kbpg.db import upgrade
 from kbpg.server import EmbeddedServer
 from tests.conftest import with_database
-from tests.helpers import clean_env, run_kbpg
+from tests.helpers import KBPG, clean_env, run_kbpg
 from tests.production import REPO
 
 
@@ -166,3 +168,48 @@ def test_knowledge_base_sessions_route_by_write(
             assert conn.execute("select pg_is_in_recovery()").fetchone() == (True,)
         with kb.session(write=True) as conn:
             assert conn.execute("select pg_is_in_recovery()").fetchone() == (False,)
+
+
+def test_serve_searches_on_the_replica(replicated: tuple[str, str], kb_on_primary: str) -> None:
+    """kbpg serve with KBPG_READ_URL: with replay paused, a document ingested on the primary
+    is not in its answers; the primary's own search has it."""
+    primary_url, standby_url = replicated
+    env = clean_env(
+        KBPG_DATABASE_URL=primary_url, KBPG_READ_URL=standby_url, KBPG_HOME=kb_on_primary
+    )
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    with psycopg.connect(standby_url, autocommit=True) as standby:
+        standby.execute("select pg_wal_replay_pause()")
+        process = subprocess.Popen(
+            [KBPG, "serve", "--port", str(port)], env=env, stderr=subprocess.DEVNULL
+        )
+        try:
+            with psycopg.connect(primary_url) as conn:
+                conn.execute(
+                    "update kb.documents set title = 'Renewal (new title)'"
+                    " where source like '%renew-permit.md'"
+                )
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                assert process.poll() is None
+                try:
+                    if httpx.get(f"{base}/healthz", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    pass
+                assert time.monotonic() < deadline, "kbpg serve did not start"
+                time.sleep(0.2)
+            body = httpx.post(
+                f"{base}/api/v1/kb/search", json={"query": "renew a parking permit"}, timeout=30
+            ).json()
+            top = body["chunks"][0]
+            assert top["source"].endswith("renew-permit.md")
+            assert top["document"] != "Renewal (new title)"  # the replica's, not yet replayed
+        finally:
+            process.terminate()
+            process.wait(timeout=30)
+            standby.execute("select pg_wal_replay_resume()")
+    wait_for_replay(primary_url, standby_url)
