@@ -17,6 +17,8 @@ prepared statements off so every call is planned like a psql call):
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench  # keep the loaded server; a later
         # run with the same --keep reuses it (re-applies sql/ with kbpg.db.upgrade, no reload)
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench --only search_lexical,without
+    python benchmarks/bench_search.py --keep /tmp/kbpg-bench --before main~3 --only kb.search
+        # REV's functions and today's, query by query back to back, and how often they agree
 """
 
 from __future__ import annotations
@@ -24,8 +26,10 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import re
 import shutil
 import statistics
+import subprocess
 import tempfile
 import time
 from collections import Counter
@@ -196,6 +200,70 @@ def timed(fn: Callable[[Any], Any], items: Sequence[Any]) -> tuple[float, float,
     return statistics.median(times), percentile(times, 0.95), out
 
 
+# the variants that call kb's arms, timed before and after with --before
+COMPARED = {
+    "kb.search hybrid (text + embedding)",
+    "kb.search lexical only (NULL embedding)",
+    "kb.search hybrid, 1% group filter",
+    "kb.search_vector (pool 32)",
+    "kb.search_lexical BM25 (pool 32)",
+    "BM25 without the impact cache",
+}
+
+
+def timed_both(
+    fn: Callable[[Any], Any], items: Sequence[Any], target: dict[str, str]
+) -> tuple[tuple[float, float, list[Any]], tuple[float, float, list[Any]], float]:
+    """fn on every item in schema kb_before and in kb, back to back (alternating which goes
+    first), so that a shared machine's load falls on both alike; also the median over the
+    items of now / before (paired, so steadier than the ratio of two medians)."""
+    runs: dict[str, tuple[list[float], list[Any]]] = {"kb_before": ([], []), "kb": ([], [])}
+    for i, item in enumerate(items):
+        for schema in ("kb_before", "kb") if i % 2 == 0 else ("kb", "kb_before"):
+            target["kb"] = schema
+            t = time.perf_counter()
+            runs[schema][1].append(fn(item))
+            runs[schema][0].append((time.perf_counter() - t) * 1000)
+    target["kb"] = "kb"
+    before, after = runs["kb_before"], runs["kb"]
+    return (
+        (statistics.median(before[0]), percentile(before[0], 0.95), before[1]),
+        (statistics.median(after[0]), percentile(after[0], 0.95), after[1]),
+        statistics.median(a / b for a, b in zip(after[0], before[0], strict=True)),
+    )
+
+
+def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
+    """REV's search functions (sql/010-070) in schema kb_before, their calls to one another
+    renamed; they read today's kb tables."""
+    git = ["git", "-C", str(Path(__file__).resolve().parent.parent)]
+    names = subprocess.run(
+        [*git, "ls-tree", "--name-only", rev, "sql/"], capture_output=True, text=True, check=True
+    ).stdout.split()
+    texts = [
+        subprocess.run(
+            [*git, "show", f"{rev}:{name}"], capture_output=True, text=True, check=True
+        ).stdout
+        for name in sorted(names)
+        if re.match(r"sql/0[1-7]0-", name)
+    ]
+    defined = set(re.findall(r"create or replace function kb\.(\w+)", "\n".join(texts)))
+    calls = re.compile(r"\bkb\.(" + "|".join(sorted(defined, key=len, reverse=True)) + r")\b")
+    row = conn.execute(
+        "select quote_ident(n.nspname) from pg_extension e"
+        " join pg_namespace n on n.oid = e.extnamespace where e.extname = 'vector'"
+    ).fetchone()
+    assert row is not None
+    with conn.transaction():
+        conn.execute("drop schema if exists kb_before cascade")
+        conn.execute("create schema kb_before")
+        conn.execute("set local search_path = pg_catalog, pg_temp")
+        for text in texts:
+            sql = calls.sub(r"kb_before.\1", text.replace("@extschema:vector@", str(row[0])))
+            conn.execute(sql.encode())
+    log(f"{rev}'s functions ({len(defined)}) installed in schema kb_before")
+
+
 def exact_neighbours(conn: psycopg.Connection[Any], embedding: np.ndarray) -> set[int]:
     """The true top-POOL chunk ids by cosine distance (a sequential scan, no HNSW), above the
     vector arm's default similarity floor (0.30) as the arm's own answer is."""
@@ -231,6 +299,12 @@ def main() -> None:
         "--only", help="comma-separated substrings: time only the variants whose name has one"
     )
     parser.add_argument("--repeat", type=int, default=1, help="time each query set N times")
+    parser.add_argument(
+        "--before",
+        metavar="REV",
+        help="also time REV's sql/ functions (a git revision; installed in schema kb_before), "
+        "interleaved query by query with today's, and count identical results",
+    )
     args = parser.parse_args()
 
     if args.keep is not None:
@@ -354,29 +428,39 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
     for text in warm_texts:
         conn.execute("select * from kb.search(%s, %s)", (text, embedding(warm_nrng))).fetchall()
 
+    # the schema the arms are called in: kb, or kb_before (--before REV) for the same query
+    target = {"kb": "kb"}
+    if args.before:
+        install_before(conn, args.before)
+        for text in warm_texts:
+            conn.execute(
+                "select * from kb_before.search(%s, %s)", (text, embedding(warm_nrng))
+            ).fetchall()
+
     def search(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(
-            "select chunk_id from kb.search(%s, %s, match_count => 8)", item
+            f"select chunk_id from {target['kb']}.search(%s, %s, match_count => 8)", item
         ).fetchall()
 
     def search_text(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(
-            "select chunk_id from kb.search(%s, match_count => 8)", (item[0],)
+            f"select chunk_id from {target['kb']}.search(%s, match_count => 8)", (item[0],)
         ).fetchall()
 
     def search_filtered(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(
-            "select chunk_id from kb.search(%s, %s, match_count => 8, groups => '{g7}')", item
+            f"select chunk_id from {target['kb']}.search(%s, %s, match_count => 8, groups => '{{g7}}')",
+            item,
         ).fetchall()
 
     def vector_arm(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(
-            "select chunk_id from kb.search_vector(%s, %s)", (item[1], POOL)
+            f"select chunk_id from {target['kb']}.search_vector(%s, %s)", (item[1], POOL)
         ).fetchall()
 
     def lexical_arm(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(
-            "select chunk_id from kb.search_lexical(%s, %s)", (item[0], POOL)
+            f"select chunk_id from {target['kb']}.search_lexical(%s, %s)", (item[0], POOL)
         ).fetchall()
 
     def lexical_block_sums(item: tuple[str, np.ndarray]) -> list[Any]:
@@ -393,7 +477,7 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         with conn.transaction():
             conn.execute("set local kb.lexical_exhaustive_limit = 1000000000")
             return conn.execute(
-                "select chunk_id from kb.search_lexical(%s, %s)", (item[0], POOL)
+                f"select chunk_id from {target['kb']}.search_lexical(%s, %s)", (item[0], POOL)
             ).fetchall()
 
     def ts_rank_cd(item: tuple[str, np.ndarray]) -> list[Any]:
@@ -432,7 +516,11 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         variants = [(n, fn) for n, fn in variants if any(w in n for w in wanted)]
-    log(f"\n{'':48} {'p50 ms':>8} {'p95 ms':>8}")
+    if args.before:
+        log(f"\n{'':48} {'before':>8} {'':>8} {'now':>8}")
+        log(f"{'':48} {'p50 ms':>8} {'p95 ms':>8} {'p50 ms':>8} {'p95 ms':>8}  same  now/before")
+    else:
+        log(f"\n{'':48} {'p50 ms':>8} {'p95 ms':>8}")
     sets = [(name, [(t, embedding()) for t in texts]) for name, texts in query_sets.items()]
     vector_results: dict[str, list[Any]] = {}
     for _ in range(args.repeat):
@@ -440,9 +528,18 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
             log(f"-- {set_name} ({len(items)} queries), {args.chunks:,} chunks")
             results: dict[str, list[Any]] = {}
             for name, fn in variants:
-                p50, p95, out = timed(fn, items)
+                if args.before and name in COMPARED:
+                    (b50, b95, before), (p50, p95, out), ratio = timed_both(fn, items, target)
+                    same = sum(a == b for a, b in zip(before, out, strict=True))
+                    log(
+                        f"{name:48} {b50:8.1f} {b95:8.1f} {p50:8.1f} {p95:8.1f}"
+                        f"  {same}/{len(items)}  {ratio:.2f}"
+                    )
+                else:
+                    p50, p95, out = timed(fn, items)
+                    pad = " " * 18 if args.before else ""
+                    log(f"{name:48} {pad}{p50:8.1f} {p95:8.1f}")
                 results[name] = out
-                log(f"{name:48} {p50:8.1f} {p95:8.1f}")
             exact = results.get("BM25 without the impact cache")
             cached = results.get("kb.search_lexical BM25 (pool 32)")
             if exact is not None and cached is not None:
