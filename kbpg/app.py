@@ -22,6 +22,7 @@ from kbpg.errors import (
     DatabaseUnavailable,
     InvalidInput,
     KbpgError,
+    QueryTimeout,
     ReadOnlyDatabase,
 )
 from kbpg.replicas import ReadReplicas
@@ -48,6 +49,38 @@ class Principal:
             not isinstance(self.role, str) or not self.role or "\x00" in self.role
         ):
             raise InvalidInput(f"not a role name: {self.role!r}")
+
+
+class Cancellation:
+    """Lets another thread stop the statement a call is running (an HTTP client that went away).
+
+    The call registers its connection with `watching(conn)`; `cancel()` sends PostgreSQL a
+    cancel request for whatever that connection runs (the statement ends with SQLSTATE 57014),
+    or makes the call stop before its statement starts.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self.cancelled = False
+
+    @contextmanager
+    def watching(self, conn: Connection) -> Iterator[Connection]:
+        with self._lock:
+            if self.cancelled:
+                raise QueryTimeout("the call was cancelled before its statement started")
+            self._conn = conn
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                self._conn = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._conn is not None:
+                self._conn.cancel_safe(timeout=5.0)
 
 
 class ModelClients:
@@ -273,12 +306,13 @@ class KnowledgeBase:
         /,
         *,
         principal: Principal | None = None,
+        cancel: Cancellation | None = None,
         **options: Any,
     ) -> SearchResult:
         """The best chunks for `query`, ranked by kb.search; options are SearchRequest's fields.
 
         `top` defaults to KBPG_DEFAULT_MAX_CHUNKS; pass a SearchRequest instead of a string to
-        reuse a validated request.
+        reuse a validated request. `cancel` lets another thread stop the call's statement.
         """
         from kbpg.search import run_search
 
@@ -288,7 +322,7 @@ class KnowledgeBase:
             request = query
         else:
             request = SearchRequest(query, **options)
-        return run_search(self, request, principal)
+        return run_search(self, request, principal, cancel)
 
     def warm_up(self) -> None:
         """Run the model once so that the first real query does not pay for lazy set-up."""

@@ -508,16 +508,110 @@ def search(
     show_default=True,
     help="Database connections shared by the request threads.",
 )
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="KBPG_ALLOWED_HOSTS",
+    metavar="NAME",
+    help="Also answer to this Host name (repeatable; env KBPG_ALLOWED_HOSTS, space-separated). "
+    "Loopback names and the bound address always work; '*' turns the check off.",
+)
+@click.option(
+    "--tokens-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="KBPG_TOKENS_FILE",
+    help="Tokens mapped to database roles, one `<sha256 hex> <role>` a line, re-read when it "
+    "changes (env KBPG_TOKENS_FILE; see `kbpg token`).",
+)
+@click.option(
+    "--source-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="KBPG_SOURCE_ROOT",
+    help="Show file sources relative to this directory (env KBPG_SOURCE_ROOT); other "
+    "absolute paths are shown by file name.",
+)
+@click.option(
+    "--insecure-no-token",
+    is_flag=True,
+    help="Serve a non-loopback address without any token (only behind a trusted network).",
+)
 @pass_app
 @handle_errors
-def serve(app: AppContext, host: str, port: int, pool_size: int) -> None:
-    """Serve the HTTP API: POST /api/v1/kb/search, GET /healthz, /docs.
+def serve(
+    app: AppContext,
+    host: str,
+    port: int,
+    pool_size: int,
+    allowed_hosts: tuple[str, ...],
+    tokens_file: Path | None,
+    source_root: Path | None,
+    insecure_no_token: bool,
+) -> None:
+    """Serve the search page (/), the HTTP API (POST /api/v1/kb/search), /healthz and /docs.
 
-    A bearer token in KBPG_API_TOKEN guards every route but /healthz.
+    KBPG_API_TOKEN (runs as the server's own role) or a tokens file (each token runs as its
+    database role) guards the API. Without either, only a loopback address is served.
     """
     from kbpg.http import serve as run_server
 
-    run_server(app.settings, host=host, port=port, pool_size=pool_size)
+    run_server(
+        app.settings,
+        host=host,
+        port=port,
+        pool_size=pool_size,
+        extra_hosts=tuple(h for value in allowed_hosts for h in value.split()),
+        tokens_file=tokens_file,
+        insecure_no_token=insecure_no_token,
+        source_root=str(source_root.resolve()) if source_root else None,
+    )
+
+
+@main.group()
+def token() -> None:
+    """API tokens for `kbpg serve --tokens-file`: each maps to a database role."""
+
+
+@token.command("new")
+@click.argument("role")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append the token's line to this tokens file (created 0600 when missing).",
+)
+@click.option("--comment", default="", help="A note kept beside the hash (who holds it).")
+@handle_errors
+def token_new(role: str, path: Path | None, comment: str) -> None:
+    """Make a random token for ROLE ('-': the server's own role); print it once on stdout.
+
+    Only its sha256 hash is written to the file (or printed on stderr without --file).
+    """
+    from kbpg.tokens import new_token, token_line
+
+    secret = new_token()
+    line = token_line(secret, role, comment)
+    if path is None:
+        click.echo(line, err=True)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+        click.echo(f"added a token for role {role} to {path}", err=True)
+    click.echo(secret)
+
+
+@token.command("hash")
+@click.argument("role")
+@handle_errors
+def token_hash(role: str) -> None:
+    """Read a token on stdin; print its tokens-file line for ROLE (the token is not stored)."""
+    from kbpg.tokens import token_line
+
+    secret = sys.stdin.readline().strip()
+    if not secret:
+        raise click.UsageError("no token on stdin")
+    click.echo(token_line(secret, role))
 
 
 # -- kbpg ingest / documents / stats / reembed / embed ------------------------------------------

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field
+from contextlib import contextmanager, nullcontext
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import PurePosixPath
 from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from kbpg import queries
-from kbpg.app import KnowledgeBase, Principal
+from kbpg.app import Cancellation, KnowledgeBase, Principal
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.request import SearchRequest, sql_types, validate_query
 from kbpg.stages import StageReport, cap_and_cut, paraphrases, rerank_order
@@ -26,6 +29,7 @@ __all__ = [
     "Source",
     "Timings",
     "build_context",
+    "display_sources",
     "run_search",
     "validate_query",
 ]
@@ -90,6 +94,12 @@ class SearchResult:
     def __iter__(self) -> Iterator[Chunk]:
         return iter(self.chunks)
 
+    def for_display(self, root: str | None = None) -> SearchResult:
+        """The result with each source as `display_sources` shows it to end users."""
+        shown = display_sources([c.source for c in self.chunks], root)
+        chunks = tuple(replace(c, source=shown[c.source]) for c in self.chunks)
+        return replace(self, chunks=chunks)
+
     def to_json(self) -> dict[str, Any]:
         """The payload of `kbpg search --json` and of the HTTP API (one shape for both)."""
         return {
@@ -103,6 +113,36 @@ class SearchResult:
     def warnings(self) -> tuple[str, ...]:
         """One line per stage that failed (the plain result stands in for it)."""
         return tuple(s.warning for s in self.stages if s.warning)
+
+
+def display_sources(sources: Sequence[str], root: str | None = None) -> dict[str, str]:
+    """How sources are shown where end users read them (HTTP, the search page).
+
+    A source is the document's key: for files, the absolute path ingest resolved. Paths under
+    `root` are shown relative to it; other absolute paths by their shortest distinct tail of
+    path components (the file name, unless two sources of the result share it); URIs and
+    external ids as stored. The server's directory layout never reaches a client.
+    """
+    prefix = root.rstrip("/") + "/" if root else None
+    shown: dict[str, str] = {}
+    paths: list[str] = []
+    for source in dict.fromkeys(sources):
+        if prefix is not None and source.startswith(prefix) and len(source) > len(prefix):
+            shown[source] = source[len(prefix) :]
+        elif source.startswith("/"):
+            paths.append(source)
+        else:
+            shown[source] = source
+    depth = 1
+    while paths:
+        tails = {p: "/".join(PurePosixPath(p).parts[1:][-depth:]) for p in paths}
+        counts = Counter(tails.values())
+        for path, tail in tails.items():
+            if counts[tail] == 1 or tail == path.lstrip("/"):
+                shown[path] = tail
+        paths = [p for p in paths if p not in shown]
+        depth += 1
+    return shown
 
 
 def collect_sources(chunks: Sequence[Chunk]) -> tuple[Source, ...]:
@@ -176,7 +216,10 @@ def _row_to_chunk(row: dict[str, Any]) -> Chunk:
 
 
 def run_search(
-    kb: KnowledgeBase, request: SearchRequest, principal: Principal | None = None
+    kb: KnowledgeBase,
+    request: SearchRequest,
+    principal: Principal | None = None,
+    cancel: Cancellation | None = None,
 ) -> SearchResult:
     """Embed the query (and its paraphrases), run kb.search in one session as `principal`,
     rerank the fused pool when asked (then cap and cut in SQL), and type the rows."""
@@ -205,7 +248,7 @@ def run_search(
         if diag.message_primary:
             notices.append(diag.message_primary)
 
-    with kb.session(principal) as conn:
+    with _session(kb, principal, cancel) as conn:
         conn.add_notice_handler(on_notice)
         try:
             args = request.arguments()
@@ -230,7 +273,7 @@ def run_search(
         stages.append(report)
         model_ms = report.ms
         ranked = [{**rows[i], "rerank_score": score} for i, score in order]
-        with kb.session(principal) as conn:
+        with _session(kb, principal, cancel) as conn:
             rows = cap_and_cut(conn, ranked, request.top, request.max_per_doc)
     finished = time.perf_counter()
     expand_ms = sum(s.ms for s in stages if s.stage == "expand")
@@ -246,6 +289,15 @@ def run_search(
         notices=tuple(notices),
         stages=tuple(stages),
     )
+
+
+@contextmanager
+def _session(
+    kb: KnowledgeBase, principal: Principal | None, cancel: Cancellation | None
+) -> Iterator[psycopg.Connection[Any]]:
+    """kb.session(principal), its statements cancellable through `cancel` when given."""
+    with kb.session(principal) as conn, cancel.watching(conn) if cancel else nullcontext():
+        yield conn
 
 
 def within_window(embedder: Embedder, query: str) -> str:

@@ -2,13 +2,11 @@
 
 from __future__ import annotations
 
+import http.client
 import json
-import socket
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -17,6 +15,7 @@ import pytest
 from kbpg.embedding import Embedder
 from tests.conftest import drop_database
 from tests.helpers import KBPG, run_kbpg
+from tests.http_server import free_port, running_server
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
     env_for,
@@ -27,46 +26,6 @@ from tests.search_kb import (  # noqa: F401 - fixtures
 TOKEN = "s3cret-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SEARCH = "/api/v1/kb/search"
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-@contextmanager
-def running_server(env: dict[str, str], log: Path) -> Iterator[httpx.Client]:
-    """`kbpg serve` in a subprocess; a client on its base URL once /healthz answers."""
-    port = free_port()
-    with open(log, "w") as stderr:
-        proc = subprocess.Popen(
-            [KBPG, "serve", "--port", str(port)],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=stderr,
-        )
-    client = httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=30)
-    try:
-        deadline = time.monotonic() + 60
-        while True:
-            assert proc.poll() is None, log.read_text()
-            try:
-                client.get("/healthz")
-                break
-            except httpx.TransportError:
-                assert time.monotonic() < deadline, log.read_text()
-                time.sleep(0.1)
-        yield client
-    finally:
-        client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 @pytest.fixture(scope="module")
@@ -145,6 +104,21 @@ def test_filters(api: httpx.Client) -> None:
         ({"query": "permit", "min_similarity": 3}, "min_similarity"),
         ({"query": "permit", "sql": "drop table"}, "sql"),
         ({"query": 42}, "query"),
+        # strict types: no coercion from strings, booleans or floats
+        ({"query": "permit", "top": "5"}, "top"),
+        ({"query": "permit", "top": True}, "top"),
+        ({"query": "permit", "top": 1000.0}, "top"),
+        ({"query": "permit", "top": 5.0}, "top"),
+        ({"query": "permit", "lexical": "true"}, "lexical"),
+        ({"query": "permit", "lexical": 1}, "lexical"),
+        ({"query": "permit", "min_similarity": "0.5"}, "min_similarity"),
+        ({"query": "permit", "category": 5}, "category"),
+        ({"query": "permit", "groups": [1]}, 0),
+        # filters are validated like the query
+        ({"query": "permit", "groups": ["st\u0000aff"]}, "groups"),
+        ({"query": "permit", "category": "waste\u0000"}, "category"),
+        ({"query": "permit", "labels": ["howto", ""]}, "labels"),
+        ({"query": "permit\u0000"}, "query"),
     ],
 )
 def test_validation_errors_are_422(api: httpx.Client, body: dict[str, object], field: str) -> None:
@@ -155,14 +129,42 @@ def test_validation_errors_are_422(api: httpx.Client, body: dict[str, object], f
     assert all(error["msg"] for error in detail)
 
 
-def test_lone_surrogate_is_422(api: httpx.Client) -> None:
-    response = api.post(
-        SEARCH,
-        content=rb'{"query": "caf\ud800"}',
-        headers={**AUTH, "content-type": "application/json"},
-    )
-    assert response.status_code == 422
-    assert [error["loc"] for error in response.json()["detail"]] == [["body", "query"]]
+@pytest.mark.parametrize(
+    ("body", "loc"),
+    [
+        (rb'{"query": "caf\ud800"}', ["body", "query"]),
+        (rb'{"query": "permit", "groups": ["st\udfffaff"]}', ["body", "groups"]),
+        (rb'{"query": "permit", "labels": ["\ud800"]}', ["body", "labels"]),
+        (rb'{"query": "permit", "category": "\udc80waste"}', ["body", "category"]),
+        (rb'{"query": "permit", "cat\ud800": "waste"}', ["body"]),
+    ],
+)
+def test_lone_surrogates_are_422_and_keep_the_connection(
+    api: httpx.Client, body: bytes, loc: list[object]
+) -> None:
+    port = api.base_url.port
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {**AUTH, "Content-Type": "application/json"}
+    try:
+        connection.request("POST", SEARCH, body=body, headers=headers)
+        response = connection.getresponse()
+        payload = json.loads(response.read())
+        assert response.status == 422, payload
+        assert [error["loc"] for error in payload["detail"]] == [loc]
+        # the same keep-alive connection answers the next request
+        connection.request("POST", SEARCH, body=b'{"query": "permit", "top": 1}', headers=headers)
+        again = connection.getresponse()
+        assert again.status == 200
+        assert len(json.loads(again.read())["chunks"]) == 1
+    finally:
+        connection.close()
+
+
+def test_foreign_host_is_refused_on_the_wire(api: httpx.Client) -> None:
+    rebound = {**AUTH, "Host": f"attacker.example:{api.base_url.port}"}
+    response = api.post(SEARCH, json={"query": "permit"}, headers=rebound)
+    assert response.status_code == 400
+    assert response.json()["error"] == "HostNotAllowed"
 
 
 def test_malformed_json_is_422(api: httpx.Client) -> None:
@@ -198,12 +200,15 @@ def test_queries_are_data(api: httpx.Client, query: str) -> None:
     "headers",
     [{}, {"Authorization": "Bearer wrong"}, {"Authorization": TOKEN}, {"Authorization": "Basic x"}],
 )
-def test_token_guards_every_route_but_health(api: httpx.Client, headers: dict[str, str]) -> None:
-    assert api.post(SEARCH, json={"query": "permit"}, headers=headers).status_code == 401
-    response = api.get("/openapi.json", headers=headers)
+def test_token_guards_the_api(api: httpx.Client, headers: dict[str, str]) -> None:
+    response = api.post(SEARCH, json={"query": "permit"}, headers=headers)
     assert response.status_code == 401
     assert response.headers["www-authenticate"] == "Bearer"
-    assert api.get("/docs", headers=headers).status_code == 401
+    assert api.get("/api/v1/anything", headers=headers).status_code == 401
+    assert api.get("/unknown", headers=headers).status_code == 401
+    # the page, its assets and the API docs hold no data: a browser loads them without a token
+    for path in ("/", "/docs", "/openapi.json", "/static/app.js"):
+        assert api.get(path, headers=headers).status_code == 200, path
 
 
 def test_openapi_document(api: httpx.Client) -> None:
@@ -254,7 +259,12 @@ def test_database_gone_is_503(
         assert health.json()["ok"] is False
         response = client.post(SEARCH, json={"query": "permit"})
         assert response.status_code == 503
-        assert response.json()["error"] == "DatabaseUnavailable"
+        assert response.json() == {
+            "error": "DatabaseUnavailable",
+            "message": "the database is unavailable",
+            "hint": "retry later",
+        }
+        assert health.json()["database"] == "unavailable"  # no socket path, no PostgreSQL text
 
 
 def test_serve_refuses_to_start_without_a_database(tmp_path: Path) -> None:
