@@ -187,7 +187,7 @@ def test_owner_serves_http_search(served: str) -> None:
         f"{served}/api/v1/kb/search", json={"query": "renew a parking permit"}, timeout=30
     )
     assert response.status_code == 200, response.text
-    assert response.json()["chunks"][0]["source"].endswith("parking/renew-permit.md")
+    assert response.json()["chunks"][0]["source"] == "renew-permit.md"  # no server path
 
 
 def _beir(tmp_path: Path) -> Path:

@@ -18,9 +18,10 @@ from kbpg.errors import ConfigError
 from kbpg.stages import APPLIED, FAILED, SKIPPED
 from tests.conftest import TEMPLATE_DB, create_database, drop_database
 from tests.helpers import run_kbpg
+from tests.http_server import running_server
 from tests.model_servers import ModelServer
 from tests.search_kb import Doc, env_for, load_kb
-from tests.test_http import AUTH, SEARCH, TOKEN, running_server
+from tests.test_http import AUTH, SEARCH, TOKEN
 
 # The fused order puts the one-chunk "desk" documents first for the question; the
 # term-overlap reranker, which reads titles (BM25 and the vector do not), prefers all four
