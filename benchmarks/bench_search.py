@@ -76,7 +76,11 @@ def word_distribution(rng: random.Random) -> tuple[list[str], np.ndarray, list[s
 
 
 def load(
-    conn: psycopg.Connection[Any], n_chunks: int, seed: int, n_groups: int = 100
+    conn: psycopg.Connection[Any],
+    n_chunks: int,
+    seed: int,
+    n_groups: int = 100,
+    layout: str | None = None,
 ) -> dict[str, Any]:
     """Documents of 10 chunks, document d in group g{d % n_groups} and category cat{d % 10}."""
     rng = random.Random(seed)
@@ -84,7 +88,7 @@ def load(
     words, probs, npl_queries = word_distribution(rng)
     n_docs = max(1, n_chunks // 10)
     centroids = nrng.normal(size=(500, DIM)).astype(np.float32)
-    conn.execute("select kb.set_embedding_space('bench-384', %s)", (DIM,))
+    conn.execute("select kb.set_embedding_space('bench-384', %s, %s)", (DIM, layout))
     # indexes are built after the load: far faster than maintaining them row by row
     conn.execute("drop index kb.chunks_embedding_hnsw")
     conn.execute("drop index kb.chunks_tsv_gin")
@@ -145,10 +149,8 @@ def load(
     conn.commit()
     timings["gin_s"] = time.perf_counter() - t
     t = time.perf_counter()
-    conn.execute(
-        "create index chunks_embedding_hnsw on kb.chunks using hnsw"
-        " (embedding vector_cosine_ops) with (m = 16, ef_construction = 64)"
-    )
+    # the index of the space's layout (vector, halfvec or binary: sql/010)
+    conn.execute("select kb.set_embedding_layout(layout) from kb.embedding_space")
     conn.commit()
     timings["hnsw_s"] = time.perf_counter() - t
     t = time.perf_counter()
@@ -305,6 +307,11 @@ def main() -> None:
         help="also time REV's sql/ functions (a git revision; installed in schema kb_before), "
         "interleaved query by query with today's, and count identical results",
     )
+    parser.add_argument(
+        "--layout",
+        choices=["vector", "halfvec", "binary"],
+        help="vector index layout (default: kb.default_vector_layout's)",
+    )
     args = parser.parse_args()
 
     if args.keep is not None:
@@ -334,7 +341,7 @@ def main() -> None:
             register_vector(conn)
             if info is None:
                 log(f"loading {args.chunks:,} chunks ...")
-                info = load(conn, args.chunks, args.seed)
+                info = load(conn, args.chunks, args.seed, layout=args.layout)
                 if args.keep is not None:
                     keep = dict(info, chunks=args.chunks, seed=args.seed)
                     keep["centroids"] = info["centroids"].tolist()
@@ -483,12 +490,20 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
     def ts_rank_cd(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(TS_RANK_CD, (item[0], POOL)).fetchall()
 
+    # a plain HNSW query on the space's index (binary: Hamming order, no re-rank)
+    (layout,) = conn.execute("select layout from kb.embedding_space").fetchone() or ("vector",)
+    order_by = {
+        "vector": "embedding <=> %s",
+        "halfvec": f"embedding::halfvec({DIM}) <=> %s::halfvec({DIM})",
+        "binary": f"binary_quantize(embedding)::bit({DIM}) <~> binary_quantize(%s)::bit({DIM})",
+    }[layout]
+
     def client_fusion(item: tuple[str, np.ndarray]) -> list[Any]:
         text, emb = item
         with conn.transaction():
             conn.execute(f"set local hnsw.ef_search = {4 * POOL}")  # as kb.search_vector
             dense = conn.execute(
-                "select id from kb.chunks order by embedding <=> %s limit %s", (emb, POOL)
+                f"select id from kb.chunks order by {order_by} limit %s", (emb, POOL)
             ).fetchall()
         lexical = conn.execute(TS_RANK_CD, (text, POOL)).fetchall()
         scores: dict[int, float] = {}

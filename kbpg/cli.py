@@ -652,6 +652,10 @@ class _ProgressLine:
             self.written = False
 
 
+def _index_progress(event: Any) -> None:
+    click.echo(("\r\x1b[K" if sys.stderr.isatty() else "") + event.describe(), err=True)
+
+
 def _summary_line(summary: Any) -> str:
     return (
         f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
@@ -715,6 +719,7 @@ def ingest(
             prune=prune,
             progress=_ProgressLine("ingest"),
             batch_documents=batch_size,
+            index_progress=_index_progress,
         )
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", nl=False, err=True)
@@ -807,7 +812,14 @@ def stats(app: AppContext, as_json: bool) -> None:
     edge_text = ", ".join(f"{k} {v}" for k, v in edges.items()) or "none"
     click.echo(f"edges: {sum(edges.values())} ({edge_text})")
     click.echo(
-        "embedding space: " + (f"{space['model']} ({space['dimension']}-d)" if space else "not set")
+        "embedding space: "
+        + (
+            f"{space['model']} ({space['dimension']}-d, {space['layout']} index"
+            + ("" if space["indexed"] else " NOT BUILT: run `kbpg index`")
+            + ")"
+            if space
+            else "not set"
+        )
     )
     bm25 = data["bm25"]
     click.echo(
@@ -818,6 +830,31 @@ def stats(app: AppContext, as_json: bool) -> None:
         click.echo(f"{kind}:")
         for name, size in data[kind].items():
             click.echo(f"  {name}: {_human_bytes(size)}")
+
+
+@main.command("index")
+@click.option(
+    "--layout",
+    type=click.Choice(["vector", "halfvec", "binary"]),
+    help="Index layout: vector (HNSW on the vectors, up to 2,000 dimensions), halfvec (half "
+    "precision, up to 4,000, half the memory), binary (binary quantization + exact re-rank, "
+    "any dimension, 1/32 of the memory). Default: the current layout (a rebuild).",
+)
+@pass_app
+@handle_errors
+def index_command(app: AppContext, layout: str | None) -> None:
+    """Rebuild the vector (HNSW) index, in another layout with --layout.
+
+    Searches keep using the old index until the new one is built; writers wait. Progress goes
+    to stderr.
+    """
+    from kbpg.indexing import set_layout
+
+    with app.knowledge_base() as kb, kb.connection(write=True) as conn:
+        chosen, seconds = set_layout(
+            conn, kb.url, layout, _index_progress, lambda: kb.transaction(conn, write=True)
+        )
+    click.echo(f"built the {chosen} index in {seconds:.1f} s", err=True)
 
 
 def _human_bytes(size: int) -> str:

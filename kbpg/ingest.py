@@ -17,14 +17,14 @@ import numpy as np
 from psycopg.types.json import Jsonb
 
 from kbpg import db as kdb
-from kbpg import queries
+from kbpg import indexing, queries
 from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.chunking import Chunk, chunk_sections
 from kbpg.embedding import Embedder
 from kbpg.entities import MAX_ENTITY_DOCUMENTS, extract_entities, refresh_edges
 from kbpg.errors import IngestError, InvalidInput
 from kbpg.loaders import Document, LoadFailure
-from kbpg.sources import iter_documents
+from kbpg.sources import discover, iter_documents
 
 __all__ = [
     "MAX_ENTITY_DOCUMENTS",
@@ -129,6 +129,9 @@ def content_hash(document: Document) -> str:
             for s in document.section_list()
         ],
     }
+    if document.embedding is not None:
+        vector = np.asarray(document.embedding, dtype=np.float32)
+        payload["embedding"] = hashlib.sha256(vector.tobytes()).hexdigest()
     encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 
@@ -146,7 +149,10 @@ class _Prepared:
 
 def _prepare(document: Document, digest: str, embedder: Embedder) -> _Prepared:
     sections = document.section_list()
-    chunks = chunk_sections(sections, embedder)
+    if document.embedding is None:
+        chunks = chunk_sections(sections, embedder)
+    else:
+        chunks = _precomputed_chunk(document, embedder)
     prepared = _Prepared(document, digest, chunks)
     by_section: dict[int, list[Chunk]] = {}
     for chunk in chunks:
@@ -170,6 +176,34 @@ def _prepare(document: Document, digest: str, embedder: Embedder) -> _Prepared:
             (chunk.ordinal, e) for e in sorted(extract_entities(chunk.content))
         )
     return prepared
+
+
+def _precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:
+    """A record embedded elsewhere is one chunk: its vector stands for its whole text."""
+    assert document.embedding is not None
+    if len(document.embedding) != embedder.dimension:
+        raise IngestError(
+            f"`embedding` has {len(document.embedding)} dimensions; this knowledge base holds "
+            f"{embedder.dimension}-d vectors ({embedder.model_name})"
+        )
+    if not document.text.strip():
+        return []
+    section = document.title
+    return [Chunk(0, section, document.text, document.text, 0, 0, 0, len(document.text))]
+
+
+def _vectors(prepared: Sequence[_Prepared], embedder: Embedder) -> np.ndarray[Any, Any]:
+    """One row per chunk, in order: precomputed vectors as given, the others embedded now."""
+    texts = [c.embed_text for p in prepared if p.document.embedding is None for c in p.chunks]
+    embedded = iter(embedder.embed_documents(texts))
+    rows = [
+        np.asarray(p.document.embedding, dtype=np.float32)
+        if p.document.embedding is not None
+        else next(embedded)
+        for p in prepared
+        for _ in p.chunks
+    ]
+    return np.stack(rows) if rows else np.zeros((0, embedder.dimension), dtype=np.float32)
 
 
 # -- sessions -------------------------------------------------------------------------------
@@ -316,9 +350,7 @@ class _Run:
             item.is_new = old is None
             prepared.append(item)
         t2 = time.perf_counter()
-        vectors = self.embedder.embed_documents(
-            [c.embed_text for item in prepared for c in item.chunks]
-        )
+        vectors = _vectors(prepared, self.embedder)
         t3 = time.perf_counter()
         if prepared:
             with self.transaction():
@@ -457,12 +489,19 @@ def _ingest(
     progress: ProgressCallback | None,
     batch_documents: int,
     prunable: Callable[[str], bool] | None,
+    expected_chunks: int | None = None,
+    index_progress: indexing.ProgressCallback | None = None,
 ) -> IngestSummary:
-    """One ingest run under the write lock; documents not seen for which `prunable` holds go."""
+    """One ingest run under the write lock; documents not seen for which `prunable` holds go.
+
+    A load into an empty knowledge base (or one that `expected_chunks` at least doubles) builds
+    the HNSW index once after the rows are in (indexing.defer_index), reporting its progress.
+    """
     model = embedder or kb.embedder
     with writer(kb, principal) as conn:
         _register_space(kb, conn, principal, model)
         run = _Run(kb, conn, principal, model, progress, batch_documents)
+        indexing.defer_index(conn, run.transaction, expected_chunks)
         run.run(items)
         if prunable is not None:
             with run.transaction():
@@ -470,6 +509,9 @@ def _ingest(
             run.delete(
                 [int(i) for i, source in known if source not in run.seen and prunable(source)]
             )
+        t0 = time.perf_counter()
+        indexing.ensure_index(conn, kb.url, index_progress, run.transaction)
+        run.summary.database_s += time.perf_counter() - t0
         return run.finish()
 
 
@@ -482,6 +524,7 @@ def ingest_documents(
     prune: bool = False,
     progress: ProgressCallback | None = None,
     batch_documents: int = BATCH_DOCUMENTS,
+    index_progress: indexing.ProgressCallback | None = None,
 ) -> IngestSummary:
     """Ingest documents keyed by source: new ones added, changed ones replaced, unchanged skipped.
 
@@ -498,6 +541,7 @@ def ingest_documents(
         progress,
         batch_documents,
         (lambda source: True) if prune else None,
+        index_progress=index_progress,
     )
 
 
@@ -515,6 +559,7 @@ def ingest_paths(
     prune: bool = False,
     progress: ProgressCallback | None = None,
     batch_documents: int = BATCH_DOCUMENTS,
+    index_progress: indexing.ProgressCallback | None = None,
 ) -> IngestSummary:
     """Ingest files and directories. With `prune`, documents whose files under these paths are
     gone are removed (JSONL records are keyed by their ids and never pruned by path)."""
@@ -532,5 +577,24 @@ def ingest_paths(
         return inside and not Path(source).exists()
 
     return _ingest(
-        kb, items, embedder, principal, progress, batch_documents, vanished if prune else None
+        kb,
+        items,
+        embedder,
+        principal,
+        progress,
+        batch_documents,
+        vanished if prune else None,
+        expected_chunks=_expected_chunks(roots, recursive, glob),
+        index_progress=index_progress,
     )
+
+
+def _expected_chunks(roots: Sequence[Path], recursive: bool, glob: str | None) -> int:
+    """A rough count of the chunks under `roots` (a chunk holds ~1 kB of text; JSONL records
+    with embeddings hold more bytes a chunk, so this errs towards a deferred index build)."""
+    size = 0
+    for found in discover(roots, recursive=recursive, glob=glob):
+        if isinstance(found, Path):
+            with contextlib.suppress(OSError):
+                size += found.stat().st_size
+    return size // 1000

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -39,6 +40,8 @@ class Document:
     labels: Sequence[str] = ()
     metadata: Mapping[str, Any] = field(default_factory=dict)
     sections: tuple[Section, ...] | None = None
+    # a precomputed embedding (JSONL `embedding`): the document is then one chunk with this vector
+    embedding: tuple[float, ...] | None = None
 
     def section_list(self) -> tuple[Section, ...]:
         if self.sections is not None:
@@ -413,7 +416,8 @@ def load_pdf(path: Path) -> Document:
 
 
 def document_from_record(record: Any, where: str) -> Document:
-    """A Document from a JSON object: id (or _id), title, text, category, groups, labels, metadata."""
+    """A Document from a JSON object: id (or _id), title, text, category, groups, labels, metadata,
+    and optionally a precomputed `embedding` (the record is then stored as one chunk)."""
     if not isinstance(record, dict):
         raise IngestError(f"{where}: expected a JSON object")
     ident = record.get("id", record.get("_id"))
@@ -427,6 +431,7 @@ def document_from_record(record: Any, where: str) -> Document:
     if not isinstance(title, str) or not isinstance(metadata, dict):
         raise IngestError(f"{where}: `title` must be a string and `metadata` an object")
     category = record.get("category")
+    embedding = _embedding(record.get("embedding"), where)
     return Document(
         source=_clean(str(ident)),
         title=_clean(title.strip()),
@@ -435,7 +440,25 @@ def document_from_record(record: Any, where: str) -> Document:
         groups=_string_list(record.get("groups"), "groups", where),
         labels=_string_list(record.get("labels"), "labels", where),
         metadata=metadata,
+        embedding=embedding,
     )
+
+
+def _embedding(value: Any, where: str) -> tuple[float, ...] | None:
+    """A precomputed embedding: a non-empty list of finite numbers (its dimension is checked
+    against the knowledge base's embedding space at ingest)."""
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or not value
+        or not all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    ):
+        raise IngestError(f"{where}: `embedding` must be a non-empty list of numbers")
+    vector = tuple(float(v) for v in value)
+    if not all(math.isfinite(v) for v in vector):
+        raise IngestError(f"{where}: `embedding` holds NaN or infinity")
+    return vector
 
 
 def iter_jsonl(path: Path) -> Iterator[Document | LoadFailure]:

@@ -91,13 +91,17 @@ def stats(kb: KnowledgeBase, *, principal: Principal | None = None) -> dict[str,
         row = conn.execute(queries.STATS).fetchone()
         assert row is not None
         sizes = conn.execute(queries.RELATION_SIZES).fetchall()
-    docs, chunks, unembedded, edges, model, dim, chunk_count, tokens, lexemes = row
+    docs, chunks, unembedded, edges, model, dim, layout, indexed, chunk_count, tokens, lexemes = row
     return {
         "documents": int(docs),
         "chunks": int(chunks),
         "chunks_without_embedding": int(unembedded),
         "edges": {str(k): int(v) for k, v in sorted(edges.items())},
-        "embedding_space": {"model": model, "dimension": dim} if model else None,
+        "embedding_space": (
+            {"model": model, "dimension": dim, "layout": layout, "indexed": indexed}
+            if model
+            else None
+        ),
         "bm25": {
             "chunks": int(chunk_count),
             "average_length": round(tokens / chunk_count, 2) if chunk_count else 0.0,

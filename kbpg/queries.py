@@ -197,6 +197,8 @@ select (select count(*) from kb.documents),
            (select relation, count(*) as n from kb.edges group by relation) e),
        (select model from kb.embedding_space),
        (select dimension from kb.embedding_space),
+       (select layout from kb.embedding_space),
+       to_regclass('kb.chunks_embedding_hnsw') is not null,
        (select chunk_count from kb.corpus_stats),
        (select total_tokens from kb.corpus_stats),
        (select count(*) from kb.lexeme_stats)

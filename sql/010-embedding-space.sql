@@ -1,7 +1,112 @@
--- kbpg: the embedding space — which model's vectors kb.chunks holds.
+-- kbpg: the embedding space — which model's vectors kb.chunks holds, and how they are indexed.
 -- The HNSW index is created here, not in a migration: its dimension is the model's.
+-- Index layouts (kb.embedding_space.layout), all on kb.chunks.embedding (full precision, any
+-- dimension pgvector stores, up to 16,000):
+--   vector   HNSW on the vectors themselves (vector_cosine_ops): up to 2,000 dimensions
+--   halfvec  HNSW on embedding::halfvec(n) (halfvec_cosine_ops): up to 4,000, half the memory
+--   binary   HNSW on binary_quantize(embedding)::bit(n) (bit_hamming_ops): up to 16,000,
+--            1/32 of the memory; kb.search_vector over-fetches by Hamming distance and re-ranks
+--            the candidates by exact cosine
+-- Every layout returns exact cosine similarities: the index only chooses the candidates.
 
-create or replace function kb.set_embedding_space(model_name text, vector_dimension integer)
+create or replace function kb.default_vector_layout(vector_dimension integer)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- halfvec: same recall@32 as vector at 200k chunks, half the index (benchmarks/bench_vector_layouts.py)
+return case when vector_dimension <= 4000 then 'halfvec' else 'binary' end;
+comment on function kb.default_vector_layout(integer) is
+    'The index layout a new knowledge base gets for vectors of this dimension: halfvec up to '
+    '4,000 dimensions, binary quantization with exact re-rank above.';
+
+create or replace function kb._check_vector_layout(layout text, vector_dimension integer)
+returns void
+language plpgsql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if vector_dimension is null or vector_dimension < 1 or vector_dimension > 16000 then
+        raise exception 'embedding dimension % is out of range', vector_dimension
+            using errcode = '22023', hint = 'pgvector stores vectors of 1 to 16,000 dimensions';
+    end if;
+    if layout is null or layout not in ('vector', 'halfvec', 'binary') then
+        raise exception 'unknown vector index layout %', coalesce(layout, 'NULL')
+            using errcode = '22023', hint = 'use vector, halfvec or binary';
+    end if;
+    if layout = 'vector' and vector_dimension > 2000 then
+        raise exception 'the vector layout indexes at most 2,000 dimensions, not %', vector_dimension
+            using errcode = '22023',
+                  hint = 'use halfvec (up to 4,000 dimensions) or binary (with exact re-rank)';
+    end if;
+    if layout = 'halfvec' and vector_dimension > 4000 then
+        raise exception 'the halfvec layout indexes at most 4,000 dimensions, not %', vector_dimension
+            using errcode = '22023', hint = 'use binary (binary quantization with exact re-rank)';
+    end if;
+end
+$$;
+comment on function kb._check_vector_layout(text, integer) is
+    'Raise 22023 unless the layout can index vectors of this dimension.';
+
+create or replace function kb._vector_index_definition(layout text, vector_dimension integer)
+returns text
+language sql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- m 16 / ef_construction 64: pgvector's defaults (build 65 s for 200k 384-d vectors, 2 cores)
+return 'using hnsw ('
+    || case layout
+           when 'vector' then 'embedding @extschema:vector@.vector_cosine_ops'
+           when 'halfvec' then format('(embedding::@extschema:vector@.halfvec(%s)) @extschema:vector@.halfvec_cosine_ops',
+                                      vector_dimension)
+           when 'binary' then format('(@extschema:vector@.binary_quantize(embedding)::bit(%s)) @extschema:vector@.bit_hamming_ops',
+                                     vector_dimension)
+       end
+    || ') with (m = 16, ef_construction = 64)';
+comment on function kb._vector_index_definition(text, integer) is
+    'The HNSW index clause of a layout (the expressions kb.search_vector orders by).';
+
+create or replace function kb.set_embedding_layout(layout text)
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    space kb.embedding_space;
+begin
+    lock table kb.embedding_space in exclusive mode;
+    select * into space from kb.embedding_space;
+    if not found then
+        raise exception 'embedding space not set: no vectors have been ingested yet'
+            using errcode = 'KB002', hint = 'ingest documents first; the layout is chosen then';
+    end if;
+    perform kb._check_vector_layout(set_embedding_layout.layout, space.dimension);
+    -- build the new index beside the old one (searches keep using the old index and layout until
+    -- this transaction commits: CREATE INDEX blocks writers, not readers), then swap
+    drop index if exists kb.chunks_embedding_hnsw_new;
+    execute 'create index chunks_embedding_hnsw_new on kb.chunks '
+            || kb._vector_index_definition(set_embedding_layout.layout, space.dimension);
+    drop index if exists kb.chunks_embedding_hnsw;
+    alter index kb.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
+    update kb.embedding_space set layout = set_embedding_layout.layout;
+end
+$$;
+comment on function kb.set_embedding_layout(text) is
+    'Index kb.chunks.embedding with another layout (vector, halfvec or binary): builds the new '
+    'HNSW index, then replaces the old one; also rebuilds the index when the layout is the same.';
+
+create or replace function kb.set_embedding_space(
+    model_name text,
+    vector_dimension integer,
+    layout text default null
+)
 returns void
 language plpgsql
 volatile
@@ -10,20 +115,19 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     existing kb.embedding_space;
+    chosen text := coalesce(set_embedding_space.layout,
+                            kb.default_vector_layout(set_embedding_space.vector_dimension));
 begin
     if model_name is null or model_name = '' then
         raise exception 'embedding model name must not be empty' using errcode = '22023';
     end if;
-    if vector_dimension is null or vector_dimension < 1 or vector_dimension > 2000 then
-        raise exception 'embedding dimension % is out of range', vector_dimension
-            using errcode = '22023', hint = 'HNSW indexes vectors of 1 to 2000 dimensions';
-    end if;
+    perform kb._check_vector_layout(chosen, vector_dimension);
     -- serialise first registrations: two ingests must not both alter the column
     lock table kb.embedding_space in exclusive mode;
     select * into existing from kb.embedding_space;
     if found then
         if existing.model = model_name and existing.dimension = vector_dimension then
-            return;
+            return;  -- the layout of an existing space changes only by kb.set_embedding_layout
         end if;
         raise exception 'embedding space mismatch: this knowledge base holds % vectors (%-d), not % (%-d)',
                 existing.model, existing.dimension, model_name, vector_dimension
@@ -31,18 +135,24 @@ begin
                   hint = format('use the %s embedder, or run `kbpg reembed` to rebuild every vector with %s',
                                 existing.model, model_name);
     end if;
-    insert into kb.embedding_space (model, dimension) values (model_name, vector_dimension);
+    insert into kb.embedding_space (model, dimension, layout)
+    values (model_name, vector_dimension, chosen);
     execute format('alter table kb.chunks alter column embedding type @extschema:vector@.vector(%s)',
                    vector_dimension);
     execute 'create index if not exists chunks_embedding_hnsw on kb.chunks '
-            'using hnsw (embedding @extschema:vector@.vector_cosine_ops) with (m = 16, ef_construction = 64)';
+            || kb._vector_index_definition(chosen, vector_dimension);
 end
 $$;
-comment on function kb.set_embedding_space(text, integer) is
+comment on function kb.set_embedding_space(text, integer, text) is
     'Record the embedding model and dimension on first ingest (typing kb.chunks.embedding and '
-    'creating its HNSW index); refuse another model with SQLSTATE KB001.';
+    'creating its HNSW index in the given layout, default kb.default_vector_layout); refuse '
+    'another model with SQLSTATE KB001.';
 
-create or replace function kb.reset_embedding_space(model_name text, vector_dimension integer)
+create or replace function kb.reset_embedding_space(
+    model_name text,
+    vector_dimension integer,
+    layout text default null
+)
 returns void
 language plpgsql
 volatile
@@ -51,21 +161,25 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
     if model_name is null or model_name = '' or vector_dimension is null
-       or vector_dimension < 1 or vector_dimension > 2000 then
+       or vector_dimension < 1 or vector_dimension > 16000 then
         raise exception 'invalid embedding space (%, %)', model_name, vector_dimension
             using errcode = '22023';
     end if;
+    perform kb._check_vector_layout(
+        coalesce(reset_embedding_space.layout, kb.default_vector_layout(vector_dimension)),
+        vector_dimension);
     lock table kb.embedding_space in exclusive mode;
     drop index if exists kb.chunks_embedding_hnsw;
     update kb.chunks set embedding = null where embedding is not null;
     delete from kb.embedding_space;
     execute 'alter table kb.chunks alter column embedding type @extschema:vector@.vector';
-    perform kb.set_embedding_space(model_name, vector_dimension);
+    perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout);
 end
 $$;
-comment on function kb.reset_embedding_space(text, integer) is
+comment on function kb.reset_embedding_space(text, integer, text) is
     'Switch the knowledge base to another embedding model: drops every vector and the HNSW '
-    'index, records the new space; the caller re-embeds (kbpg reembed).';
+    'index, records the new space (layout as in kb.set_embedding_space); the caller re-embeds '
+    '(kbpg reembed).';
 
 create or replace function kb._check_query_embedding(query_embedding @extschema:vector@.vector)
 returns void

@@ -5,6 +5,11 @@
 -- rows sorted by distance) is both faster and exact.
 -- Several query embeddings (query expansion: the question and its paraphrases) run one scan
 -- each, and the hits are unioned by each chunk's best (maximum) similarity.
+-- The index scan orders by the expression of the space's layout (kb.embedding_space.layout, see
+-- sql/010): the vectors themselves, their halfvec cast, or their binary quantization; its
+-- candidates are then ranked by exact cosine distance on the full vectors. The binary layout
+-- over-fetches (kb.vector_rerank_factor x the pool, default 8) since Hamming distance on 1 bit
+-- a dimension is a coarse guide.
 
 create or replace function kb.search_vector(
     query_embedding @extschema:vector@.vector,
@@ -35,7 +40,12 @@ as $$
 declare
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', search_vector.groups, search_vector.category, search_vector.labels);
-    distance_sql text := 'c.embedding operator(@extschema:vector@.<=>) $4';
+    -- {q} stands for the query embedding ($4, or e.q when there are several)
+    exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
+    order_sql text;
+    candidates integer := search_vector.match_count;
+    space_layout text;
+    space_dimension integer;
     embeddings @extschema:vector@.vector[];
     extra @extschema:vector@.vector;
     exact_limit bigint;
@@ -68,10 +78,23 @@ begin
     -- without this a pool of 80 would come back as the default ef_search of 40 rows; and the
     -- pool must be the right rows: recall@32 against an exact scan at 200k chunks was .868 with
     -- ef 2x the pool, .941 with 3x, .992 with 4x (benchmarks/bench_search.py prints it)
+    select e.layout, e.dimension into space_layout, space_dimension from kb.embedding_space e;
+    order_sql := case space_layout
+        when 'halfvec' then pg_catalog.format(
+            '(c.embedding::@extschema:vector@.halfvec(%1$s)) operator(@extschema:vector@.<=>) ({q}::@extschema:vector@.halfvec(%1$s))',
+            space_dimension)
+        when 'binary' then pg_catalog.format(
+            '(@extschema:vector@.binary_quantize(c.embedding)::bit(%1$s)) operator(@extschema:vector@.<~>) '
+            '(@extschema:vector@.binary_quantize({q})::bit(%1$s))', space_dimension)
+        else exact_sql end;
+    if space_layout = 'binary' then
+        candidates := search_vector.match_count * coalesce(
+            nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 8);
+    end if;
     perform pg_catalog.set_config('hnsw.ef_search',
-        least(1000, greatest(40, 4 * search_vector.match_count))::text, true);
+        least(1000, greatest(40, 4 * search_vector.match_count, candidates))::text, true);
     perform pg_catalog.set_config('hnsw.max_scan_tuples',
-        greatest(20000, 50 * search_vector.match_count)::text, true);
+        greatest(20000, 50 * candidates)::text, true);
     if filter_sql <> 'true' then
         -- kb.vector_exact_limit overrides the crossover (tests force either path with it)
         select coalesce(nullif(pg_catalog.current_setting('kb.vector_exact_limit', true), '')::bigint,
@@ -83,35 +106,45 @@ begin
           using search_vector.groups, search_vector.category, search_vector.labels;
         if filtered_rows < exact_limit then
             -- an expression the HNSW index cannot order by: the filtered rows are sorted exactly
-            distance_sql := '(' || distance_sql || ') operator(pg_catalog.+) 0';
+            order_sql := '(' || exact_sql || ') operator(pg_catalog.+) 0';
+            candidates := search_vector.match_count;
         end if;
     end if;
+    -- h: the index's candidates (ordered by the layout's expression), ranked by exact distance
     if cardinality(embeddings) = 1 then
-        return query execute format(
+        return query execute pg_catalog.format(
             'select (pg_catalog.row_number() over (order by h.distance, h.id))::integer, '
             '       h.id, h.document_id, 1 - h.distance, 1 - h.distance '
-            '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
-            '         where %2$s and c.embedding is not null order by %1$s limit $5) h '
+            '  from (select x.id, x.document_id, x.distance '
+            '          from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+            '                 where %3$s and c.embedding is not null order by %2$s limit $7) x '
+            '         order by x.distance, x.id limit $5) h '
             ' where 1 - h.distance >= $6 '
-            ' order by h.distance, h.id', distance_sql, filter_sql)
+            ' order by h.distance, h.id',
+            pg_catalog.replace(exact_sql, '{q}', '$4'), pg_catalog.replace(order_sql, '{q}', '$4'),
+            filter_sql)
         using search_vector.groups, search_vector.category, search_vector.labels,
-              search_vector.query_embedding, search_vector.match_count, search_vector.min_similarity;
+              search_vector.query_embedding, search_vector.match_count, search_vector.min_similarity,
+              candidates;
         return;
     end if;
     -- one index scan per embedding; a chunk several of them found keeps its best distance
-    return query execute format(
+    return query execute pg_catalog.format(
         'select (pg_catalog.row_number() over (order by b.distance, b.id))::integer, '
         '       b.id, b.document_id, 1 - b.distance, 1 - b.distance '
         '  from (select h.id, h.document_id, pg_catalog.min(h.distance) as distance '
         '          from pg_catalog.unnest($4) e(q), '
-        '               lateral (select c.id, c.document_id, %1$s as distance from kb.chunks c '
-        '                 where %2$s and c.embedding is not null order by %1$s limit $5) h '
+        '               lateral (select x.id, x.document_id, x.distance '
+        '                  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+        '                         where %3$s and c.embedding is not null order by %2$s limit $7) x '
+        '                 order by x.distance, x.id limit $5) h '
         '         group by h.id, h.document_id) b '
         ' where 1 - b.distance >= $6 '
         ' order by b.distance, b.id limit $5',
-        pg_catalog.replace(distance_sql, '$4', 'e.q'), filter_sql)
+        pg_catalog.replace(exact_sql, '{q}', 'e.q'), pg_catalog.replace(order_sql, '{q}', 'e.q'),
+        filter_sql)
     using search_vector.groups, search_vector.category, search_vector.labels,
-          embeddings, search_vector.match_count, search_vector.min_similarity;
+          embeddings, search_vector.match_count, search_vector.min_similarity, candidates;
 end
 $$;
 comment on function kb.search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[]) is

@@ -183,8 +183,14 @@ def load_rows(conn: psycopg.Connection[Any], data: dict[str, list[dict[str, Any]
     """Write the rows as ingest would (same ids), then let the schema derive the rest:
     statistics by its triggers, the lexical cache by kb.refresh_lexical_index()."""
     (space,) = data["embedding_space"]
+    # 0.1.0 indexed every space with the vector layout (revision 0007 keeps it on upgrade);
+    # at head a space records its layout: the same one, so both catalogs compare equal
+    layouts = conn.execute(
+        "select pg_catalog.to_regprocedure('kb.set_embedding_space(text,integer,text)')"
+    ).fetchone()
+    layout = ", layout => 'vector'" if layouts is not None and layouts[0] is not None else ""
     conn.execute(
-        "select kb.set_embedding_space(model_name => %s, vector_dimension => %s)",
+        f"select kb.set_embedding_space(model_name => %s, vector_dimension => %s{layout})",
         (space["model"], space["dimension"]),
     )
     for table, query in _LOADS.items():

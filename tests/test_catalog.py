@@ -26,8 +26,12 @@ select p.oid::regprocedure::text, p.prokind, p.provolatile, p.prosecdef, p.propa
 # settings are stable; pure functions of their arguments are immutable.
 EXPECTED_VOLATILITY = {
     "kb.tsvector_token_count(tsvector)": "i",
-    "kb.set_embedding_space(text,integer)": "v",
-    "kb.reset_embedding_space(text,integer)": "v",
+    "kb.default_vector_layout(integer)": "i",
+    "kb._check_vector_layout(text,integer)": "i",
+    "kb._vector_index_definition(text,integer)": "i",
+    "kb.set_embedding_layout(text)": "v",
+    "kb.set_embedding_space(text,integer,text)": "v",
+    "kb.reset_embedding_space(text,integer,text)": "v",
     "kb._check_query_embedding(vector)": "s",
     "kb._chunk_filter_sql(text,text,text,text,text[],text,text[])": "i",
     "kb._chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",

@@ -488,11 +488,17 @@ def test_cli_ingest_reports_broken_file_and_exits_1(
 
     stats = json.loads(run_kbpg("stats", "--json", env=cli_env).stdout)
     assert stats["documents"] == 7
-    assert stats["embedding_space"] == {"model": "all-MiniLM-L6-v2", "dimension": 384}
+    assert stats["embedding_space"] == {
+        "model": "all-MiniLM-L6-v2",
+        "dimension": 384,
+        "layout": "halfvec",
+        "indexed": True,
+    }
     assert set(stats["edges"]) == {"next", "link", "entity"}
     assert stats["indexes"]["chunks_embedding_hnsw"] > 0
     text = run_kbpg("stats", env=cli_env)
-    assert text.returncode == 0 and "embedding space: all-MiniLM-L6-v2 (384-d)" in text.stdout
+    assert text.returncode == 0
+    assert "embedding space: all-MiniLM-L6-v2 (384-d, halfvec index)" in text.stdout
 
     deleted = run_kbpg("documents", "delete", "rec-1", "missing-doc", env=cli_env)
     assert deleted.returncode == 1

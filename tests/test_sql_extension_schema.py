@@ -65,7 +65,7 @@ def test_vector_in_schema_extensions_upgrade_and_hybrid_search(
         index = conn.execute(
             "select pg_get_indexdef('kb.chunks_embedding_hnsw'::regclass)"
         ).fetchone()[0]
-        assert "extensions.vector_cosine_ops" in index
+        assert "extensions.halfvec_cosine_ops" in index  # the default layout of 3-d spaces
 
 
 def test_non_superuser_owner_upgrades_every_time(admin_url: str) -> None:

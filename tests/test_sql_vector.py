@@ -70,7 +70,7 @@ def test_no_embedding_space_is_an_error(conn):
 @pytest.fixture
 def random_corpus(conn: psycopg.Connection[Any]) -> tuple[np.ndarray, list[int], set[int]]:
     """4,000 random 8-d vectors; 1% of them (40) in group 'rare'."""
-    conn.execute("select kb.set_embedding_space('test-model', 8)")
+    conn.execute("select kb.set_embedding_space('test-model', 8, 'vector')")
     rng = random.Random(11)
     common = add_doc(conn, "common", groups=["common"])
     rare = add_doc(conn, "rare", groups=["rare"])
