@@ -8,6 +8,9 @@
 -- best-scoring chunks a level improves).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
+-- Access control is different: under row-level security (kb.access_enable) an edge is
+-- visible only when both its chunks are, so no path enters or crosses a chunk the caller
+-- may not read.
 
 create or replace function kb.expand_graph(
     seed_chunk_ids bigint[],
