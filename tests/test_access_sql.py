@@ -300,3 +300,16 @@ def test_disable_restores_todays_behaviour(enforced: AccessKb) -> None:
         assert classes == {()}
     with akb.connect("dave") as conn:
         assert set(chunk_ids(conn, "select id from kb.chunks")) == akb.visible["owner"]
+
+
+def test_row_security_turned_on_by_hand_hides_an_unsplit_cache(akb: AccessKb) -> None:
+    """ALTER TABLE ... ENABLE ROW LEVEL SECURITY without kb.access_enable's cache rebuild."""
+    i = akb.ids
+    with akb.connect("owner") as conn:
+        for table in ("documents", "chunks", "edges", "lexical_blocks"):
+            conn.execute(f"alter table kb.{table} enable row level security")
+        assert conn.execute("select split_by_groups from kb.lexical_state").fetchone() == (False,)
+    with akb.connect("alice") as conn:
+        assert conn.execute("select count(*) from kb.lexical_blocks").fetchone() == (0,)
+        got = chunk_ids(conn, "select chunk_id from kb.search_lexical('budget salary', 10)")
+        assert set(got) == {i["H1"], i["H2"]}

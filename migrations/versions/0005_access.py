@@ -103,9 +103,13 @@ alter table kb.lexical_state add column split_by_groups boolean not null default
 comment on column kb.lexical_state.split_by_groups is
     'The cache holds one row per (lexeme, block, chunk groups): set by a refresh while row-level '
     'security is on for kb.chunks, so a reader sums only the classes it may see.';
+-- rows of a merged cache (not split: row-level security turned on by hand, without
+-- kb.access_enable's rebuild) mix every class: readers see none of them then
 create policy access_visible on kb.lexical_blocks for all to public
-    using (groups = '{}' or (select kb._access_reads_all())
-           or groups operator(pg_catalog.&&) (select kb._access_visible_groups()))
+    using ((select kb._access_reads_all())
+           or ((select l.split_by_groups from kb.lexical_state l)
+               and (groups = '{}'
+                    or groups operator(pg_catalog.&&) (select kb._access_visible_groups()))))
     with check ((select kb._access_reads_all()));
 """
 
