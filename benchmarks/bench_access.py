@@ -14,7 +14,8 @@ KnowledgeBase.session does per transaction). It prints p50/p95 per variant, the 
 scan of the rows the reader may see, and whether the lexical arm's top-32 is identical to
 exhaustive BM25 over those rows.
 
-    python benchmarks/bench_access.py                 # 200k chunks, ~10 min on 2 cores
+    python benchmarks/bench_access.py                 # 200k chunks, ~15 min on 2 cores
+    python benchmarks/bench_access.py --layout interleaved   # the lexical cache's worst case
     python benchmarks/bench_access.py --chunks 20000  # quick look
 """
 
@@ -81,6 +82,14 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=40, help="queries per query set")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--layout",
+        choices=["grouped", "interleaved"],
+        default="grouped",
+        help="grouped: each group's documents loaded together (ids contiguous per group, as"
+        " when each group is ingested on its own); interleaved: every block of chunk ids holds"
+        " all 10 groups (the lexical cache's worst case: 10 rows per lexeme and block)",
+    )
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="kbpg-bench-access-", dir="/tmp"))
@@ -97,8 +106,8 @@ def main() -> None:
         kdb.upgrade(db_url("bench_off"))
         with psycopg.connect(db_url("bench_off"), prepare_threshold=None) as conn:
             register_vector(conn)
-            log(f"loading {args.chunks:,} chunks in 10 groups ...")
-            info = load(conn, args.chunks, args.seed, n_groups=10)
+            log(f"loading {args.chunks:,} chunks in 10 groups, {args.layout} ...")
+            info = load(conn, args.chunks, args.seed, n_groups=10, grouped=args.layout == "grouped")
             conn.autocommit = True
             setup_readers(conn)
         # the same data twice, enforcement off and on, so every query is timed in both states

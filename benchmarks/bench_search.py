@@ -81,12 +81,19 @@ def load(
     seed: int,
     n_groups: int = 100,
     layout: str | None = None,
+    grouped: bool = False,
 ) -> dict[str, Any]:
-    """Documents of 10 chunks, document d in group g{d % n_groups} and category cat{d % 10}."""
+    """Documents of 10 chunks, document d in category cat{d % 10} and group g{d % n_groups}
+    (interleaved: every id range holds every group) or, `grouped`, each group's documents
+    loaded together (as when each group's folder is ingested on its own)."""
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
     words, probs, npl_queries = word_distribution(rng)
     n_docs = max(1, n_chunks // 10)
+
+    def group(d: int) -> str:
+        return f"g{d * n_groups // n_docs}" if grouped else f"g{d % n_groups}"
+
     centroids = nrng.normal(size=(500, DIM)).astype(np.float32)
     conn.execute("select kb.set_embedding_space('bench-384', %s, %s)", (DIM, layout))
     # indexes are built after the load: far faster than maintaining them row by row
@@ -100,9 +107,7 @@ def load(
             "copy kb.documents (source, title, category, groups, content_hash) from stdin"
         ) as copy:
             for d in range(n_docs):
-                copy.write_row(
-                    (f"doc-{d}", f"Document {d}", f"cat{d % 10}", [f"g{d % n_groups}"], "h")
-                )
+                copy.write_row((f"doc-{d}", f"Document {d}", f"cat{d % 10}", [group(d)], "h"))
         doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
     conn.commit()
 
@@ -133,7 +138,7 @@ def load(
                         doc_ids[d],
                         i % 10,
                         text,
-                        [f"g{d % n_groups}"],
+                        [group(d)],
                         f"cat{d % 10}",
                         vectors[i - start],
                     )

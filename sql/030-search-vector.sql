@@ -95,7 +95,12 @@ begin
         least(1000, greatest(40, 4 * search_vector.match_count, candidates))::text, true);
     perform pg_catalog.set_config('hnsw.max_scan_tuples',
         greatest(20000, 50 * candidates)::text, true);
-    if filter_sql <> 'true' then
+    -- under row-level security (kb.access_enable) no filter can use an index (&& is not
+    -- leakproof: the planner applies it after the policy), so counting the filtered rows and
+    -- sorting them exactly would each read every chunk: the HNSW scan filters instead,
+    -- bounded by hnsw.max_scan_tuples
+    if filter_sql <> 'true'
+       and not pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass) then
         -- kb.vector_exact_limit overrides the crossover (tests force either path with it)
         select coalesce(nullif(pg_catalog.current_setting('kb.vector_exact_limit', true), '')::bigint,
                         greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
