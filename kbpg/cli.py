@@ -365,6 +365,12 @@ def db_check(app: AppContext) -> None:
     is_flag=True,
     help="Add an `expand` arm: the hybrid search with query expansion (KBPG_CHAT_*).",
 )
+@click.option(
+    "--contextual",
+    is_flag=True,
+    help="Ingest the corpus with chunk contexts from the chat model (KBPG_CHAT_*); compare "
+    "with a run without.",
+)
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv.")
 @embedder_option
 @search_options(TUNING_OPTIONS)
@@ -388,6 +394,7 @@ def eval_command(
     arms: str | None,
     rerank_arm: bool,
     expand_arm: bool,
+    contextual: bool,
     split: str,
     embedder_name: str | None,
     save_runs: Path | None,
@@ -422,6 +429,7 @@ def eval_command(
         keep=keep,
         progress=lambda message: click.echo(message, err=True),
         settings=app.settings,
+        contextual=contextual,
     )
     if report.database:
         click.echo(f"kept evaluation database {report.database}", err=True)
@@ -657,12 +665,21 @@ def _index_progress(event: Any) -> None:
 
 
 def _summary_line(summary: Any) -> str:
-    return (
+    line = (
         f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
         f"removed {summary.removed}, failed {summary.failed}; {summary.chunks} chunks, "
         f"{summary.edges} edges in {summary.total_s:.1f} s ({summary.chunks_per_s:.0f} chunks/s; "
         f"embedding {summary.embed_s:.1f} s, database {summary.database_s:.1f} s)"
     )
+    contexts = summary.contexts
+    if contexts.calls:
+        line += (
+            f"; contexts: {contexts.written} written, {contexts.missing} missing "
+            f"({contexts.calls} model calls)"
+        )
+        if contexts.missing:
+            line += " — run `kbpg recontextualize` when the chat model is back"
+    return line
 
 
 @main.command()
@@ -681,6 +698,12 @@ def _summary_line(summary: Any) -> str:
     show_default=True,
     help="Documents per transaction (a kill loses at most one batch, never half a document).",
 )
+@click.option(
+    "--contextual/--no-contextual",
+    default=None,
+    help="Have the chat model (KBPG_CHAT_*) situate each chunk in its document; the context "
+    "is embedded and indexed for BM25.  [env var: KBPG_CONTEXTUAL; default: off]",
+)
 @json_option
 @pass_app
 @handle_errors
@@ -695,6 +718,7 @@ def ingest(
     prune: bool,
     embedder_name: str | None,
     batch_size: int,
+    contextual: bool | None,
     as_json: bool,
 ) -> None:
     """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
@@ -720,6 +744,7 @@ def ingest(
             progress=_ProgressLine("ingest"),
             batch_documents=batch_size,
             index_progress=_index_progress,
+            contextual=contextual,
         )
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", nl=False, err=True)
@@ -883,6 +908,38 @@ def reembed(app: AppContext, embedder_name: str | None) -> None:
         f"({embedder.dimension}-d) in {summary.total_s:.1f} s",
         err=True,
     )
+
+
+@main.command()
+@click.option("--dry-run", is_flag=True, help="Only count stale and missing contexts.")
+@json_option
+@pass_app
+@handle_errors
+def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
+    """Write the contexts that are missing or stale (made with another chat model or prompt
+    version) with KBPG_CHAT_MODEL, and re-embed those chunks; progress on stderr."""
+    import json
+
+    from kbpg.contextual import recontextualize as run
+
+    def progress(summary: Any) -> None:
+        click.echo(
+            f"recontextualize: {summary.redone_documents} documents redone, "
+            f"{summary.tally.written} contexts written",
+            err=True,
+        )
+
+    with app.knowledge_base() as kb:
+        summary = run(kb, dry_run=dry_run, progress=progress)
+    click.echo(
+        f"{summary.documents} documents, {summary.chunks} chunks: {summary.stale} stale, "
+        f"{summary.missing} missing; {summary.redone_documents} documents redone, "
+        f"{summary.tally.written} contexts written, {summary.tally.missing} still missing "
+        f"({summary.tally.calls} model calls) in {summary.total_s:.1f} s",
+        err=True,
+    )
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), indent=2))
 
 
 @main.command()

@@ -160,7 +160,7 @@ class ModelSettings:
 
     KBPG_RERANK picks the reranker and turns reranking on by default (none: off);
     KBPG_EXPAND turns query expansion on by default. Per request, `rerank` / `expand`
-    override both.
+    override both. KBPG_CONTEXTUAL: `kbpg ingest` writes chunk contexts by default.
     """
 
     rerank: str = "none"
@@ -178,6 +178,7 @@ class ModelSettings:
     retries: int = 1
     expand: bool = False
     expand_count: int = 3
+    contextual: bool = False
 
     @classmethod
     def from_env(cls) -> ModelSettings:
@@ -203,4 +204,5 @@ class ModelSettings:
             retries=_env_int("KBPG_MODEL_RETRIES", 1, minimum=0),
             expand=_env_bool("KBPG_EXPAND", False),
             expand_count=_env_int("KBPG_EXPAND_COUNT", 3),
+            contextual=_env_bool("KBPG_CONTEXTUAL", False),
         )

@@ -325,7 +325,7 @@ def run_arm(
     return runs
 
 
-def check_stage_arms(arms: Sequence[str], settings: Settings) -> None:
+def check_stage_arms(arms: Sequence[str], settings: Settings, contextual: bool = False) -> None:
     """ConfigError now, not after the ingest, when a stage arm's model is not configured."""
     from kbpg.models import make_chat, make_reranker
 
@@ -335,7 +335,7 @@ def check_stage_arms(arms: Sequence[str], settings: Settings) -> None:
             hint="set KBPG_RERANK to api, tei or llm (with KBPG_RERANK_URL / KBPG_RERANK_MODEL "
             "or KBPG_CHAT_*)",
         )
-    if "expand" in arms:
+    if "expand" in arms or contextual:
         make_chat(settings.models)
 
 
@@ -428,8 +428,10 @@ def ingest_collection(
     embedder: Embedder,
     progress: Progress | None = None,
     settings: Settings | None = None,
+    contextual: bool = False,
 ) -> Collection:
-    """Ingest the corpus (document source = corpus `_id`) and embed the judged queries."""
+    """Ingest the corpus (document source = corpus `_id`) and embed the judged queries;
+    `contextual`: with chunk contexts from the chat model (every arm then sees them)."""
     from kbpg.ingest import Document, ingest_documents
 
     if progress:
@@ -445,6 +447,7 @@ def ingest_collection(
                 if progress
                 else None
             ),
+            contextual=contextual,
         )
         ingest_s = time.perf_counter() - clock
         with kb.session() as conn:
@@ -514,16 +517,20 @@ def evaluate(
     keep: bool = False,
     progress: Progress | None = None,
     settings: Settings | None = None,
+    contextual: bool = False,
 ) -> EvalReport:
     """`kbpg eval`: ingest `dataset` into a throwaway database on url's server, run the
-    arms, score them, drop the database unless `keep`."""
+    arms, score them, drop the database unless `keep`. `contextual`: ingest with chunk
+    contexts (compare with a run without to see what they do)."""
     check_options(options or {})  # before the corpus is ingested, not after
-    check_stage_arms(arms or (), settings or Settings.from_env())
+    check_stage_arms(arms or (), settings or Settings.from_env(), contextual)
     started = time.perf_counter()
     with throwaway_database(url, keep=keep) as eval_url:
         if progress:
             progress(f"evaluation database {database_name(eval_url)}")
-        collection = ingest_collection(eval_url, dataset, embedder, progress, settings)
+        collection = ingest_collection(
+            eval_url, dataset, embedder, progress, settings, contextual=contextual
+        )
         metrics, runs, search_timings = score_arms(collection, arms, cutoffs, options, progress)
     timings = {**collection.timings, **search_timings, "total_s": time.perf_counter() - started}
     return EvalReport(

@@ -20,10 +20,12 @@ from kbpg import db as kdb
 from kbpg import indexing, queries
 from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.chunking import Chunk, chunk_sections
+from kbpg.contextual import ContextTally, contexts_for_document, with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import MAX_ENTITY_DOCUMENTS, extract_entities, refresh_edges
 from kbpg.errors import IngestError, InvalidInput
 from kbpg.loaders import Document, LoadFailure
+from kbpg.models.chat import ChatClient
 from kbpg.sources import discover, iter_documents
 
 __all__ = [
@@ -73,6 +75,7 @@ class IngestSummary:
     chunks: int = 0
     edges: int = 0
     failures: list[LoadFailure] = field(default_factory=list)
+    contexts: ContextTally = field(default_factory=ContextTally)
     prepare_s: float = 0.0
     embed_s: float = 0.0
     database_s: float = 0.0
@@ -106,6 +109,11 @@ class IngestSummary:
                 "database": round(self.database_s, 3),
             },
             "failures": [{"where": f.where, "reason": f.reason} for f in self.failures],
+            "contexts": {
+                "written": self.contexts.written,
+                "missing": self.contexts.missing,
+                "model_calls": self.contexts.calls,
+            },
         }
 
 
@@ -144,6 +152,8 @@ class _Prepared:
     existing_id: int | None = None
     is_new: bool = True
     links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
+    contexts: list[str | None] = field(default_factory=list)  # contextual retrieval, by ordinal
+    context_keys: list[str | None] = field(default_factory=list)
     entities: list[tuple[int, str]] = field(default_factory=list)  # ordinal, entity
 
 
@@ -194,7 +204,12 @@ def _precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:
 
 def _vectors(prepared: Sequence[_Prepared], embedder: Embedder) -> np.ndarray[Any, Any]:
     """One row per chunk, in order: precomputed vectors as given, the others embedded now."""
-    texts = [c.embed_text for p in prepared if p.document.embedding is None for c in p.chunks]
+    texts = [
+        with_context(embedder, p.contexts[i] if p.contexts else None, c.embed_text)
+        for p in prepared
+        if p.document.embedding is None
+        for i, c in enumerate(p.chunks)
+    ]
     embedded = iter(embedder.embed_documents(texts))
     rows = [
         np.asarray(p.document.embedding, dtype=np.float32)
@@ -272,6 +287,7 @@ class _Run:
         embedder: Embedder,
         progress: ProgressCallback | None,
         batch_documents: int = BATCH_DOCUMENTS,
+        chat: ChatClient | None = None,
     ) -> None:
         if batch_documents < 1:
             raise InvalidInput("the batch size must be at least 1 document")
@@ -281,6 +297,7 @@ class _Run:
         self.principal = principal
         self.embedder = embedder
         self.progress = progress
+        self.chat = chat  # contextual retrieval: the model that situates each chunk
         self.summary = IngestSummary()
         self.seen: set[str] = set()
         self.started = time.perf_counter()
@@ -349,6 +366,16 @@ class _Run:
             item.existing_id = old[0] if old is not None else None
             item.is_new = old is None
             prepared.append(item)
+        if self.chat is not None:
+            # model calls run outside any transaction: a slow model holds no lock or snapshot
+            for item in prepared:
+                item.contexts, keys = contexts_for_document(
+                    self.chat,
+                    item.document.title or item.document.source,
+                    [c.content for c in item.chunks],
+                    self.summary.contexts,
+                )
+                item.context_keys = list(keys)
         t2 = time.perf_counter()
         vectors = _vectors(prepared, self.embedder)
         t3 = time.perf_counter()
@@ -420,7 +447,9 @@ class _Run:
             for p in prepared:
                 d = p.document
                 groups, labels = sorted(set(d.groups)), sorted(set(d.labels))
-                for chunk in p.chunks:
+                contexts = p.contexts or [None] * len(p.chunks)
+                keys = p.context_keys or [None] * len(p.chunks)
+                for chunk, context, key in zip(p.chunks, contexts, keys, strict=True):
                     copy.write_row(
                         (
                             p.existing_id,
@@ -431,6 +460,8 @@ class _Run:
                             d.category,
                             labels,
                             vectors[row],
+                            context,
+                            key,
                         )
                     )
                     row += 1
@@ -491,16 +522,20 @@ def _ingest(
     prunable: Callable[[str], bool] | None,
     expected_chunks: int | None = None,
     index_progress: indexing.ProgressCallback | None = None,
+    contextual: bool | None = None,
 ) -> IngestSummary:
     """One ingest run under the write lock; documents not seen for which `prunable` holds go.
 
     A load into an empty knowledge base (or one that `expected_chunks` at least doubles) builds
     the HNSW index once after the rows are in (indexing.defer_index), reporting its progress.
+    `contextual` (default KBPG_CONTEXTUAL): a chat model writes each chunk's context.
     """
     model = embedder or kb.embedder
+    wanted = kb.settings.models.contextual if contextual is None else contextual
+    chat = kb.models.chat() if wanted else None
     with writer(kb, principal) as conn:
         _register_space(kb, conn, principal, model)
-        run = _Run(kb, conn, principal, model, progress, batch_documents)
+        run = _Run(kb, conn, principal, model, progress, batch_documents, chat)
         indexing.defer_index(conn, run.transaction, expected_chunks)
         run.run(items)
         if prunable is not None:
@@ -525,6 +560,7 @@ def ingest_documents(
     progress: ProgressCallback | None = None,
     batch_documents: int = BATCH_DOCUMENTS,
     index_progress: indexing.ProgressCallback | None = None,
+    contextual: bool | None = None,
 ) -> IngestSummary:
     """Ingest documents keyed by source: new ones added, changed ones replaced, unchanged skipped.
 
@@ -542,6 +578,7 @@ def ingest_documents(
         batch_documents,
         (lambda source: True) if prune else None,
         index_progress=index_progress,
+        contextual=contextual,
     )
 
 
@@ -560,6 +597,7 @@ def ingest_paths(
     progress: ProgressCallback | None = None,
     batch_documents: int = BATCH_DOCUMENTS,
     index_progress: indexing.ProgressCallback | None = None,
+    contextual: bool | None = None,
 ) -> IngestSummary:
     """Ingest files and directories. With `prune`, documents whose files under these paths are
     gone are removed (JSONL records are keyed by their ids and never pruned by path)."""
@@ -586,6 +624,7 @@ def ingest_paths(
         vanished if prune else None,
         expected_chunks=_expected_chunks(roots, recursive, glob),
         index_progress=index_progress,
+        contextual=contextual,
     )
 
 

@@ -13,6 +13,7 @@ from kbpg import db as kdb
 from kbpg import queries
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
+from kbpg.contextual import with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import refresh_edges
 from kbpg.ingest import IngestProgress, IngestSummary, ProgressCallback, writer
@@ -137,17 +138,19 @@ def reembed(
             read.execute(queries.REEMBED_READ)
             while rows := read.fetchmany(REEMBED_BATCH):
                 texts = []
-                for _, section, content in rows:
+                for _, section, content, context in rows:
                     if section not in prefixes:
                         path = tuple(section.split(SECTION_SEPARATOR)) if section else ()
                         prefixes[section] = heading_prefix(path, embedder)
-                    texts.append(embed_text(prefixes[section], content))
+                    texts.append(
+                        with_context(embedder, context, embed_text(prefixes[section], content))
+                    )
                 t0 = time.perf_counter()
                 vectors = embedder.embed_documents(texts)
                 t1 = time.perf_counter()
                 with conn.cursor() as cur, cur.copy(queries.REEMBED_COPY) as copy:
                     copy.set_types(["int8", "vector"])
-                    for (chunk_id, _, _), vector in zip(rows, vectors, strict=True):
+                    for (chunk_id, *_), vector in zip(rows, vectors, strict=True):
                         copy.write_row((chunk_id, vector))
                 summary.embed_s += t1 - t0
                 summary.database_s += time.perf_counter() - t1

@@ -86,10 +86,12 @@ COPY_DOCUMENTS: Final = (
     "copy kb.documents (source, title, category, groups, labels, metadata, content_hash) from stdin"
 )
 COPY_CHUNKS: Final = (
-    "copy kb.chunks (document_id, ordinal, section, content, groups, category, labels, embedding)"
-    " from stdin (format binary)"
+    "copy kb.chunks (document_id, ordinal, section, content, groups, category, labels, embedding,"
+    " context, context_key) from stdin (format binary)"
 )
-CHUNK_TYPES: Final = ["int8", "int4", "text", "text", "text[]", "text", "text[]", "vector"]
+CHUNK_TYPES: Final = [
+    "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
+]  # fmt: skip
 CHUNK_IDS: Final = "select document_id, ordinal, id from kb.chunks where document_id = any(%s)"
 COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
 COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
@@ -218,7 +220,7 @@ REEMBED_TABLE: Final = (
     "create temporary table kbpg_reembed on commit drop"
     " as select id, embedding from kb.chunks with no data"
 )
-REEMBED_READ: Final = "select id, section, content from kb.chunks order by id"
+REEMBED_READ: Final = "select id, section, content, context from kb.chunks order by id"
 REEMBED_COPY: Final = "copy kbpg_reembed (id, embedding) from stdin (format binary)"
 REEMBED_APPLY: Final = (
     "update kb.chunks c set embedding = r.embedding from kbpg_reembed r where r.id = c.id"
@@ -257,3 +259,14 @@ ACCESS_STATUS: Final = (
 )
 ACCESS_ENABLE: Final = "select kb.access_enable()"
 ACCESS_DISABLE: Final = "select kb.access_disable()"
+
+# -- contextual retrieval ---------------------------------------------------------------------
+
+CONTEXT_READ: Final = (
+    "select c.document_id, coalesce(nullif(d.title, ''), d.source), c.id, c.section, c.content,"
+    " c.context, c.context_key from kb.chunks c join kb.documents d on d.id = c.document_id"
+    " order by c.document_id, c.ordinal"
+)
+CONTEXT_WRITE: Final = (
+    "update kb.chunks set context = %s, context_key = %s, embedding = %s where id = %s"
+)

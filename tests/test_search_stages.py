@@ -326,7 +326,7 @@ def test_eval_adds_rerank_and_expand_arms(server, tmp_path, cli_env):
         "--min-similarity",
         "-1",
     ]
-    proc = run_kbpg(*args, "--rerank", "--expand", env=env)
+    proc = run_kbpg(*args, "--rerank", "--expand", "--contextual", env=env)
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert list(report["arms"]) == ["hybrid", "vector", "lexical", "rerank", "expand"]
@@ -334,7 +334,9 @@ def test_eval_adds_rerank_and_expand_arms(server, tmp_path, cli_env):
     assert report["arms"]["rerank"]["mrr@2"] == 1.0
     assert report["arms"]["expand"]["mrr@2"] == 1.0
     assert server.calls["/api/rerank"] == 8  # 4 queries x (top-k call + depth call)
-    assert server.calls["/v1/chat/completions"] == 4  # the depth call hits the cache
+    # 8 documents contextualised (one call each), 4 queries expanded (the depth call hits
+    # the cache)
+    assert server.calls["/v1/chat/completions"] == 8 + 4
 
     missing = run_kbpg(*args, "--rerank", env=cli_env)
     assert missing.returncode == 1

@@ -119,3 +119,37 @@ def test_extra_embedding_errors(conn, space):
     for statement, sqlstate in cases:
         with raises_sqlstate(conn, sqlstate):
             conn.execute(statement, one)
+
+
+def test_context_words_are_found_by_bm25_and_stats_stay_exact(conn):
+    doc = add_doc(conn, "ctx.md")
+    target = add_chunk(conn, doc, "the fee is payable at the front desk")
+    add_chunk(conn, doc, "opening hours of the front desk")
+
+    def lexical(query: str) -> list[int]:
+        rows = conn.execute("select chunk_id from kb.search_lexical(%s, 5)", (query,)).fetchall()
+        return [r[0] for r in rows]
+
+    def assert_stats_exact() -> None:
+        corpus = conn.execute("select chunk_count, total_tokens from kb.corpus_stats").fetchone()
+        recount = conn.execute(
+            "select count(*), coalesce(sum(token_count), 0) from kb.chunks"
+        ).fetchone()
+        assert corpus == recount
+        stored = conn.execute("select lexeme, doc_freq from kb.lexeme_stats order by 1").fetchall()
+        recomputed = conn.execute(
+            "select l, count(*)::integer from kb.chunks, unnest(tsvector_to_array(tsv)) l "
+            "group by l order by 1"
+        ).fetchall()
+        assert stored == recomputed
+
+    assert lexical("kayak rental") == []
+    conn.execute(
+        "update kb.chunks set context = 'Kayak rental price list, section on fees.' where id = %s",
+        (target,),
+    )
+    assert lexical("kayak rental") == [target]
+    assert_stats_exact()
+    conn.execute("update kb.chunks set context = null where id = %s", (target,))
+    assert lexical("kayak") == []
+    assert_stats_exact()
