@@ -138,8 +138,7 @@ def content_hash(document: Document) -> str:
         ],
     }
     if document.embedding is not None:
-        vector = np.asarray(document.embedding, dtype=np.float32)
-        payload["embedding"] = hashlib.sha256(vector.tobytes()).hexdigest()
+        payload["embedding"] = hashlib.sha256(document.embedding.tobytes()).hexdigest()
     encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
     return hashlib.sha256(encoded.encode()).hexdigest()
 
@@ -212,9 +211,7 @@ def _vectors(prepared: Sequence[_Prepared], embedder: Embedder) -> np.ndarray[An
     ]
     embedded = iter(embedder.embed_documents(texts))
     rows = [
-        np.asarray(p.document.embedding, dtype=np.float32)
-        if p.document.embedding is not None
-        else next(embedded)
+        p.document.embedding if p.document.embedding is not None else next(embedded)
         for p in prepared
         for _ in p.chunks
     ]
