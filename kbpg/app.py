@@ -11,6 +11,7 @@ from types import TracebackType
 from typing import TYPE_CHECKING, Any, Self
 
 import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from kbpg import db as kdb
@@ -226,6 +227,7 @@ class KnowledgeBase:
                     self._conn = kdb.connect(self.url, autocommit=True)
                 yield self._conn
             finally:
+                _reset(self._conn)
                 self._lock.release()
             return
         try:
@@ -355,6 +357,21 @@ def _require_primary(conn: Connection) -> None:
             "this server is a read-only standby: write on the primary",
             hint="point KBPG_DATABASE_URL at the primary (replicas belong in KBPG_READ_URL)",
         )
+
+
+def _reset(conn: Connection | None) -> None:
+    """Leave the one connection idle for the next call, as a pool does on return: a
+    transaction a caller left open is rolled back, a connection mid-command is closed."""
+    if conn is None or conn.closed:
+        return
+    status = conn.info.transaction_status
+    try:
+        if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            conn.rollback()
+        elif status != TransactionStatus.IDLE:
+            conn.close()
+    except psycopg.Error:
+        conn.close()
 
 
 def _pool_timeout(pool: ConnectionPool, wait: float) -> KbpgError:

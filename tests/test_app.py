@@ -166,3 +166,19 @@ def test_errors_map_by_sqlstate(kb: KnowledgeBase, state: str, kind: type[KbpgEr
 
 def test_query_too_large_is_invalid_input() -> None:
     assert issubclass(QueryTooLarge, InvalidInput)
+
+
+@pytest.mark.parametrize("pool_size", [1, 2])
+def test_a_transaction_left_open_is_rolled_back(
+    kb_url: str,  # noqa: F811
+    embedder: Embedder,
+    pool_size: int,
+) -> None:
+    with KnowledgeBase(kb_url, embedder, settings=settings(), pool_size=pool_size) as kb:
+        with kb.connection() as conn:
+            conn.execute("begin")
+            conn.execute("create temporary table left_behind (x int)")
+        for _ in range(pool_size):
+            with kb.session() as conn:
+                row = conn.execute("select pg_catalog.to_regclass('pg_temp.left_behind')")
+                assert row.fetchone() == (None,)

@@ -1,0 +1,147 @@
+"""What every kbpg command shares: per-invocation state, error handling, declared-once options."""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import click
+
+from kbpg.config import Settings
+from kbpg.errors import KbpgError
+from kbpg.request import Option
+
+if TYPE_CHECKING:
+    from kbpg.app import KnowledgeBase
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class AppContext:
+    """Per-invocation state shared by subcommands (settings are read once)."""
+
+    def __init__(self, debug: bool) -> None:
+        self.debug = debug
+        self._settings: Settings | None = None
+        self._url: str | None = None
+
+    @property
+    def settings(self) -> Settings:
+        if self._settings is None:
+            self._settings = Settings.from_env()
+        return self._settings
+
+    @property
+    def url(self) -> str:
+        """The database URL; starts the embedded server when KBPG_DATABASE_URL is unset."""
+        if self._url is None:
+            from kbpg.db import resolve_url
+
+            self._url = resolve_url(self.settings)
+        return self._url
+
+    def knowledge_base(self, embedder: str | None = None) -> KnowledgeBase:
+        """The application object over one connection (a CLI call is one unit of work)."""
+        from kbpg.app import KnowledgeBase
+
+        return KnowledgeBase(self.url, settings=self.settings, pool_size=1, embedder_name=embedder)
+
+
+def handle_errors(func: F) -> F:
+    """Turn KbpgError into `Error: ...` plus a hint on stderr, exit 1; no traceback."""
+
+    @functools.wraps(func)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        ctx = click.get_current_context()
+        debug = isinstance(ctx.obj, AppContext) and ctx.obj.debug
+        try:
+            return func(*args, **kwargs)
+        except KbpgError as exc:
+            if debug:
+                raise
+            click.echo(f"Error: {exc.message}", err=True)
+            if exc.hint:
+                click.echo(f"Hint: {exc.hint}", err=True)
+            ctx.exit(1)
+
+    return wrapper  # type: ignore[return-value]
+
+
+pass_app = click.make_pass_decorator(AppContext)
+
+# Options shared by several commands, declared once.
+json_option = click.option(
+    "--json",
+    "as_json",
+    is_flag=True,
+    help="Print JSON on stdout (`[]` or `{}` shapes for scripts).",
+)
+embedder_option = click.option(
+    "--embedder",
+    "embedder_name",
+    metavar="NAME",
+    default=None,
+    help="Embedding provider: minilm (offline) or openai  [env var: KBPG_EMBEDDER; "
+    "default: minilm].",
+)
+
+
+def _search_option(name: str, option: Option, default: Any = None) -> Callable[[F], F]:
+    """The click option of one SearchRequest field, from its metadata."""
+    flag = option.flag or "--" + name.replace("_", "-")
+    notes = []
+    if default is None:
+        notes += [f"env var: {option.env}"] if option.env else []
+        notes += [f"default: {option.default_note}"] if option.default_note else []
+    help_text = option.help + (f"  [{'; '.join(notes)}]" if notes else "")
+    decls = [flag, *([option.short] if option.short else []), name]
+    kwargs: dict[str, Any] = {"help": help_text, "default": default}
+    if default is not None:
+        kwargs["show_default"] = True
+    if option.kind == "bool" and option.env:  # on/off/unset (the setting decides)
+        decls[0] = f"{flag}/--no-{flag[2:]}"
+    elif option.kind == "bool":
+        kwargs.update(is_flag=True, default=None, flag_value=True)
+    elif option.kind == "int":
+        kwargs["type"] = click.IntRange(_bound(option.minimum), _bound(option.maximum))
+    elif option.kind == "float":
+        kwargs["type"] = click.FloatRange(option.minimum, option.maximum)
+    elif option.kind == "texts":
+        kwargs.update(multiple=True, metavar=option.metavar, default=())
+    else:
+        kwargs["metavar"] = option.metavar
+    return click.option(*decls, **kwargs)
+
+
+def _bound(value: float | None) -> int | None:
+    return None if value is None else int(value)
+
+
+def search_options(
+    options: dict[str, Option], defaults: dict[str, Any] | None = None
+) -> Callable[[F], F]:
+    """Every given SearchRequest field as a click option, in declaration order."""
+
+    def decorate(func: F) -> F:
+        for name, option in reversed(options.items()):
+            func = _search_option(name, option, (defaults or {}).get(name))(func)
+        return func
+
+    return decorate
+
+
+def print_rows(
+    items: Sequence[Any], as_json: bool, header: list[str], fields: Callable[[Any], list[str]]
+) -> None:
+    """Items as a JSON list of their as_dict() (`[]` when empty), or tab-separated lines
+    under a header (nothing when empty)."""
+    import json
+
+    if as_json:
+        click.echo(json.dumps([item.as_dict() for item in items], indent=2))
+        return
+    if items:
+        click.echo("\t".join(header))
+    for item in items:
+        click.echo("\t".join(fields(item)))

@@ -1,0 +1,188 @@
+"""`kbpg db ...`: the embedded server, the URL, migrations."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from kbpg.cli.common import (
+    AppContext,
+    handle_errors,
+    pass_app,
+)
+from kbpg.errors import KbpgError
+
+if TYPE_CHECKING:
+    from kbpg.db import SchemaStatus
+
+
+@click.group()
+def db() -> None:
+    """Manage the database: embedded server, URL, migrations."""
+
+
+def _embedded_server(app: AppContext) -> Any:
+    from kbpg.server import EmbeddedServer
+
+    if app.settings.database_url:
+        raise KbpgError(
+            "KBPG_DATABASE_URL is set: kbpg uses that database, not its embedded server",
+            hint="unset KBPG_DATABASE_URL to manage the embedded server",
+        )
+    return EmbeddedServer(app.settings.home)
+
+
+@db.command("start")
+@pass_app
+@handle_errors
+def db_start(app: AppContext) -> None:
+    """Start the embedded PostgreSQL server (it keeps running until `kbpg db stop`)."""
+    server = _embedded_server(app)
+    url = server.start()
+    click.echo(f"embedded PostgreSQL running in {server.pgdata}", err=True)
+    click.echo(url)
+
+
+@db.command("stop")
+@pass_app
+@handle_errors
+def db_stop(app: AppContext) -> None:
+    """Stop the embedded PostgreSQL server."""
+    server = _embedded_server(app)
+    stopped = server.stop()
+    click.echo("stopped" if stopped else "not running")
+
+
+@db.command("status")
+@pass_app
+@handle_errors
+def db_status(app: AppContext) -> None:
+    """Show which database kbpg uses, whether it is up, and its schema revision."""
+    from kbpg import db as kdb
+
+    settings = app.settings
+    if settings.database_url:
+        click.echo("database: external (KBPG_DATABASE_URL)")
+        url = settings.database_url
+    else:
+        status = _embedded_server(app).status()
+        click.echo(f"database: embedded, data in {status.pgdata}")
+        click.echo(f"server: {status.note}" + (f" (pid {status.pid})" if status.pid else ""))
+        if not status.running:
+            return
+        assert status.url is not None
+        url = status.url
+    from kbpg import queries
+
+    with kdb.connect(url) as conn:
+        version = conn.execute(queries.SERVER_VERSION).fetchone()
+        vector = conn.execute(queries.VECTOR_VERSION).fetchone()
+        schema = kdb.schema_status(conn)
+    click.echo(f"postgresql: {version[0] if version else '?'}")
+    click.echo(f"pgvector: {vector[0] if vector else 'not installed'}")
+    current = schema.current or "none"
+    state = "at head" if schema.at_head else "run `kbpg db upgrade`"
+    click.echo(f"schema: {current} (head {schema.head}, {state})")
+
+
+@db.command("url")
+@pass_app
+@handle_errors
+def db_url(app: AppContext) -> None:
+    """Print the connection URL, so that `psql "$(kbpg db url)"` works."""
+    click.echo(app.url)
+
+
+@db.command("psql", context_settings={"ignore_unknown_options": True})
+@click.argument("psql_args", nargs=-1, type=click.UNPROCESSED)
+@pass_app
+@handle_errors
+def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
+    """Open psql on kbpg's database (extra arguments go to psql)."""
+    from kbpg.server import _binaries_dir
+
+    psql = shutil.which("psql")
+    if psql is None and not app.settings.database_url:
+        psql = str(_binaries_dir() / "psql")
+    if psql is None:
+        raise KbpgError("psql is not installed", hint="install the PostgreSQL client")
+    url = app.url
+    sys.stdout.flush()
+    os.execv(psql, [psql, url, *psql_args])
+
+
+def _schema_status(app: AppContext) -> SchemaStatus:
+    """The alembic revision of the database kbpg uses."""
+    from kbpg import db as kdb
+
+    with kdb.connect(app.url) as conn:
+        return kdb.schema_status(conn)
+
+
+@db.command("upgrade")
+@click.argument("revision", default="head")
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the migration as a psql script instead of running it (reads no database; "
+    "from a revision: REV:head).",
+)
+@click.option(
+    "--vector-schema",
+    metavar="SCHEMA",
+    help="With --sql: the schema pgvector is in.  [default: public]",
+)
+@pass_app
+@handle_errors
+def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str | None) -> None:
+    """Migrate to REVISION (default head) and re-apply the sql/ function files at head."""
+    from kbpg import db as kdb
+
+    if as_sql:
+        click.echo(kdb.upgrade_script(revision, vector_schema=vector_schema or "public"), nl=False)
+        return
+    if vector_schema is not None:
+        raise click.UsageError("--vector-schema goes with --sql (online, kbpg finds it itself)")
+    kdb.upgrade(app.url, revision)
+    status = _schema_status(app)
+    click.echo(f"schema at {status.current}" + (" (head)" if status.at_head else ""))
+
+
+@db.command("downgrade")
+@click.argument("revision")
+@pass_app
+@handle_errors
+def db_downgrade(app: AppContext, revision: str) -> None:
+    """Migrate down to REVISION (`base` removes the kb schema and all its data)."""
+    from kbpg import db as kdb
+
+    kdb.downgrade(app.url, revision)
+    status = _schema_status(app)
+    click.echo(f"schema at {status.current or 'base'}")
+
+
+@db.command("current")
+@pass_app
+@handle_errors
+def db_current(app: AppContext) -> None:
+    """Print the schema revision of the database (`none` when unmigrated)."""
+
+    status = _schema_status(app)
+    click.echo(status.current or "none")
+
+
+@db.command("check")
+@pass_app
+@handle_errors
+def db_check(app: AppContext) -> None:
+    """Exit 0 when the schema is at head, 1 (with a hint) otherwise."""
+    from kbpg import db as kdb
+
+    with kdb.connect(app.url) as conn:
+        status = kdb.require_schema(conn)
+    click.echo(f"schema at head ({status.head})")

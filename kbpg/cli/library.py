@@ -1,0 +1,333 @@
+"""`kbpg ingest`, `documents`, `stats`, `reembed`, `embed`: the knowledge base's contents."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kbpg.cli.common import (
+    AppContext,
+    embedder_option,
+    handle_errors,
+    json_option,
+    pass_app,
+    print_rows,
+)
+from kbpg.errors import KbpgError
+
+
+class _ProgressLine:
+    """Progress on stderr: one rewritten line on a terminal, a line every few seconds otherwise."""
+
+    def __init__(self, label: str) -> None:
+        self.label = label
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.written = False
+
+    def __call__(self, event: Any) -> None:
+        import time
+
+        for failure in event.failures:
+            self._clear()
+            click.echo(f"skipped {failure.where}: {failure.reason}", err=True)
+        now = time.monotonic()
+        if now - self.last < (0.2 if self.tty else 5.0):
+            return
+        self.last = now
+        line = (
+            f"{self.label}: {event.documents} documents, {event.chunks} chunks, "
+            f"{event.chunks_per_s:.0f} chunks/s"
+        )
+        if self.tty:
+            click.echo("\r" + line + "\x1b[K", nl=False, err=True)
+            self.written = True
+        else:
+            click.echo(line, err=True)
+
+    def _clear(self) -> None:
+        if self.tty and self.written:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            self.written = False
+
+
+def _index_progress(event: Any) -> None:
+    click.echo(("\r\x1b[K" if sys.stderr.isatty() else "") + event.describe(), err=True)
+
+
+def _summary_line(summary: Any) -> str:
+    line = (
+        f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
+        f"removed {summary.removed}, failed {summary.failed}; {summary.chunks} chunks, "
+        f"{summary.edges} edges in {summary.total_s:.1f} s ({summary.chunks_per_s:.0f} chunks/s; "
+        f"embedding {summary.embed_s:.1f} s, database {summary.database_s:.1f} s)"
+    )
+    contexts = summary.contexts
+    if contexts.calls:
+        line += (
+            f"; contexts: {contexts.written} written, {contexts.missing} missing "
+            f"({contexts.calls} model calls)"
+        )
+        if contexts.missing:
+            line += " — run `kbpg recontextualize` when the chat model is back"
+    return line
+
+
+@click.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
+@click.option("--group", "groups", multiple=True, metavar="G", help="Add group G (repeatable).")
+@click.option("--category", metavar="C", help="Category for documents that name none.")
+@click.option("--label", "labels", multiple=True, metavar="L", help="Add label L (repeatable).")
+@click.option("-r", "--recursive", is_flag=True, help="Descend into subdirectories.")
+@click.option("--glob", metavar="PATTERN", help="Only files matching PATTERN (e.g. '*.md').")
+@click.option("--prune", is_flag=True, help="Remove documents whose files under PATHS are gone.")
+@embedder_option
+@click.option(
+    "--batch-size",
+    type=click.IntRange(min=1),
+    default=256,
+    show_default=True,
+    help="Documents per transaction (a kill loses at most one batch, never half a document).",
+)
+@click.option(
+    "--contextual/--no-contextual",
+    default=None,
+    help="Have the chat model (KBPG_CHAT_*) situate each chunk in its document; the context "
+    "is embedded and indexed for BM25.  [env var: KBPG_CONTEXTUAL; default: off]",
+)
+@json_option
+@pass_app
+@handle_errors
+def ingest(
+    app: AppContext,
+    paths: tuple[Path, ...],
+    groups: tuple[str, ...],
+    category: str | None,
+    labels: tuple[str, ...],
+    recursive: bool,
+    glob: str | None,
+    prune: bool,
+    embedder_name: str | None,
+    batch_size: int,
+    contextual: bool | None,
+    as_json: bool,
+) -> None:
+    """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
+
+    Re-ingesting is idempotent: unchanged documents are skipped, changed ones replaced
+    atomically. Markdown front matter may set title, category, groups and labels. Exit code 1
+    when any file failed (the others are ingested).
+    """
+    import json
+
+    from kbpg.ingest import ingest_paths
+
+    with app.knowledge_base(embedder_name) as kb:
+        summary = ingest_paths(
+            kb,
+            list(paths),
+            recursive=recursive,
+            glob=glob,
+            groups=groups,
+            category=category,
+            labels=labels,
+            prune=prune,
+            progress=_ProgressLine("ingest"),
+            batch_documents=batch_size,
+            index_progress=_index_progress,
+            contextual=contextual,
+        )
+    if sys.stderr.isatty():
+        click.echo("\r\x1b[K", nl=False, err=True)
+    click.echo(_summary_line(summary), err=True)
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), indent=2))
+    if summary.failed:
+        click.get_current_context().exit(1)
+
+
+@click.group()
+def documents() -> None:
+    """List and delete ingested documents."""
+
+
+@documents.command("list")
+@click.option("--group", metavar="G", help="Only documents in group G.")
+@json_option
+@pass_app
+@handle_errors
+def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
+    """List documents: source, title, category, groups, chunk count (tab-separated)."""
+
+    from kbpg.maintenance import list_documents
+
+    with app.knowledge_base() as kb:
+        docs = list_documents(kb, group=group)
+    print_rows(
+        docs,
+        as_json,
+        ["source", "title", "category", "groups", "chunks"],
+        lambda d: [d.source, d.title, d.category or "", ",".join(d.groups), str(d.chunks)],
+    )
+
+
+@documents.command("delete")
+@click.argument("sources", nargs=-1, required=True)
+@pass_app
+@handle_errors
+def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
+    """Delete documents (their chunks and edges) by SOURCE; a file path may be relative."""
+    from kbpg.maintenance import delete_documents
+
+    with app.knowledge_base() as kb:
+        deleted, missing = delete_documents(kb, list(sources))
+    for source in deleted:
+        click.echo(f"deleted {source}")
+    if missing:
+        raise KbpgError(
+            f"no such document: {', '.join(missing)}",
+            hint="`kbpg documents list` shows the sources",
+        )
+
+
+@click.command()
+@json_option
+@pass_app
+@handle_errors
+def stats(app: AppContext, as_json: bool) -> None:
+    """Documents, chunks, edges, embedding space, BM25 statistics and index sizes."""
+    import json
+
+    from kbpg.maintenance import stats as kb_stats
+
+    with app.knowledge_base() as kb:
+        data = kb_stats(kb)
+    if as_json:
+        click.echo(json.dumps(data, indent=2))
+        return
+    space = data["embedding_space"]
+    edges = data["edges"]
+    click.echo(f"documents: {data['documents']}")
+    click.echo(f"chunks: {data['chunks']} ({data['chunks_without_embedding']} without embedding)")
+    edge_text = ", ".join(f"{k} {v}" for k, v in edges.items()) or "none"
+    click.echo(f"edges: {sum(edges.values())} ({edge_text})")
+    click.echo(
+        "embedding space: "
+        + (
+            f"{space['model']} ({space['dimension']}-d, {space['layout']} index"
+            + ("" if space["indexed"] else " NOT BUILT: run `kbpg index`")
+            + ")"
+            if space
+            else "not set"
+        )
+    )
+    bm25 = data["bm25"]
+    click.echo(
+        f"bm25: {bm25['chunks']} chunks, average length {bm25['average_length']}, "
+        f"{bm25['lexemes']} lexemes"
+    )
+    for kind in ("tables", "indexes"):
+        click.echo(f"{kind}:")
+        for name, size in data[kind].items():
+            click.echo(f"  {name}: {_human_bytes(size)}")
+
+
+@click.command("index")
+@click.option(
+    "--layout",
+    type=click.Choice(["vector", "halfvec", "binary"]),
+    help="Index layout: vector (HNSW on the vectors, up to 2,000 dimensions), halfvec (half "
+    "precision, up to 4,000, half the memory), binary (binary quantization + exact re-rank, "
+    "any dimension, 1/32 of the memory). Default: the current layout (a rebuild).",
+)
+@pass_app
+@handle_errors
+def index_command(app: AppContext, layout: str | None) -> None:
+    """Rebuild the vector (HNSW) index, in another layout with --layout.
+
+    Searches keep using the old index until the new one is built; writers wait. Progress goes
+    to stderr.
+    """
+    from kbpg.indexing import set_layout
+
+    with app.knowledge_base() as kb, kb.connection(write=True) as conn:
+        chosen, seconds = set_layout(
+            conn, kb.url, layout, _index_progress, lambda: kb.transaction(conn, write=True)
+        )
+    click.echo(f"built the {chosen} index in {seconds:.1f} s", err=True)
+
+
+def _human_bytes(size: int) -> str:
+    value = float(size)
+    for unit in ("B", "kB", "MB", "GB"):
+        if value < 1024 or unit == "GB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{size} B"
+
+
+@click.command()
+@embedder_option
+@pass_app
+@handle_errors
+def reembed(app: AppContext, embedder_name: str | None) -> None:
+    """Rebuild every vector with another embedding model (one transaction: all or nothing)."""
+    from kbpg.embedding import get_embedder
+    from kbpg.maintenance import reembed as run_reembed
+
+    embedder = get_embedder(app.settings, embedder_name)
+    with app.knowledge_base() as kb:
+        summary = run_reembed(kb, embedder, progress=_ProgressLine("reembed"))
+    click.echo(
+        f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
+        f"({embedder.dimension}-d) in {summary.total_s:.1f} s",
+        err=True,
+    )
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="Only count stale and missing contexts.")
+@json_option
+@pass_app
+@handle_errors
+def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
+    """Write the contexts that are missing or stale (made with another chat model or prompt
+    version) with KBPG_CHAT_MODEL, and re-embed those chunks; progress on stderr."""
+    import json
+
+    from kbpg.contextual import recontextualize as run
+
+    def progress(summary: Any) -> None:
+        click.echo(
+            f"recontextualize: {summary.redone_documents} documents redone, "
+            f"{summary.tally.written} contexts written",
+            err=True,
+        )
+
+    with app.knowledge_base() as kb:
+        summary = run(kb, dry_run=dry_run, progress=progress)
+    click.echo(
+        f"{summary.documents} documents, {summary.chunks} chunks: {summary.stale} stale, "
+        f"{summary.missing} missing; {summary.redone_documents} documents redone, "
+        f"{summary.tally.written} contexts written, {summary.tally.missing} still missing "
+        f"({summary.tally.calls} model calls) in {summary.total_s:.1f} s",
+        err=True,
+    )
+    if as_json:
+        click.echo(json.dumps(summary.as_dict(), indent=2))
+
+
+@click.command()
+@click.argument("text")
+@embedder_option
+@pass_app
+@handle_errors
+def embed(app: AppContext, text: str, embedder_name: str | None) -> None:
+    """Print TEXT's query vector as a pgvector literal, for psql: \\set q `kbpg embed '...'`"""
+    from kbpg.embedding import get_embedder, to_pgvector_literal
+
+    embedder = get_embedder(app.settings, embedder_name)
+    click.echo(to_pgvector_literal(embedder.embed_query(text)))

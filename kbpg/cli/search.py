@@ -1,0 +1,310 @@
+"""`kbpg search`, `serve`, `token` and `eval`: thin front ends over KnowledgeBase + SearchRequest."""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import click
+
+from kbpg.cli.common import (
+    AppContext,
+    embedder_option,
+    handle_errors,
+    json_option,
+    pass_app,
+    search_options,
+)
+from kbpg.config import CLI_DEFAULT_TOP
+from kbpg.errors import InvalidInput, KbpgError
+from kbpg.request import OPTIONS, TUNING_OPTIONS
+
+
+@click.command("eval")
+@click.argument("dataset_dir", type=click.Path(path_type=Path))
+@click.option(
+    "--top-k",
+    default=10,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Cutoff of nDCG and MRR; also the match_count of the first call per query.",
+)
+@click.option(
+    "--depth",
+    default=100,
+    show_default=True,
+    type=click.IntRange(1, 1000),
+    help="Ranked chunks fetched per query, the cutoff of Recall and MAP.",
+)
+@click.option(
+    "--arms",
+    default=None,
+    help="Comma-separated arms: hybrid,vector,lexical,graph,rerank,expand "
+    "[default: hybrid,vector,lexical, plus graph when ingest made edges].",
+)
+@click.option(
+    "--rerank",
+    "rerank_arm",
+    is_flag=True,
+    help="Add a `rerank` arm: the hybrid search reranked by the KBPG_RERANK reranker.",
+)
+@click.option(
+    "--expand",
+    "expand_arm",
+    is_flag=True,
+    help="Add an `expand` arm: the hybrid search with query expansion (KBPG_CHAT_*).",
+)
+@click.option(
+    "--contextual",
+    is_flag=True,
+    help="Ingest the corpus with chunk contexts from the chat model (KBPG_CHAT_*); compare "
+    "with a run without.",
+)
+@click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv.")
+@embedder_option
+@search_options(TUNING_OPTIONS)
+@click.option(
+    "--save-runs",
+    type=click.Path(path_type=Path, file_okay=False),
+    help="Write each arm's ranking as a TREC run file <DIR>/<arm>.run.",
+)
+@json_option
+@click.option(
+    "--keep", is_flag=True, help="Keep the evaluation database (its name goes to stderr)."
+)
+@pass_app
+@handle_errors
+def eval_command(
+    app: AppContext,
+    /,
+    dataset_dir: Path,
+    top_k: int,
+    depth: int,
+    arms: str | None,
+    rerank_arm: bool,
+    expand_arm: bool,
+    contextual: bool,
+    split: str,
+    embedder_name: str | None,
+    save_runs: Path | None,
+    as_json: bool,
+    keep: bool,
+    **search_options: Any,
+) -> None:
+    """Measure retrieval quality on a BEIR dataset (corpus.jsonl, queries.jsonl, qrels/).
+
+    The corpus goes into a throwaway database `kbpg_eval_<random>` on the same server (never
+    your knowledge base), dropped at the end unless --keep. Reports nDCG@k, Recall@depth,
+    MRR@k, MAP@depth and hit@8 per arm; the kb.search options apply to hybrid and graph.
+    """
+    import json
+
+    from kbpg import evaluate as ev
+    from kbpg.embedding import get_embedder
+
+    dataset = ev.load_beir(dataset_dir, split)
+    chosen = ev.parse_arms(arms)
+    extra = ("rerank",) * rerank_arm + ("expand",) * expand_arm
+    if extra:
+        chosen = tuple(dict.fromkeys((*(chosen or ev.DEFAULT_ARMS), *extra)))
+    model = get_embedder(app.settings, embedder_name)
+    report = ev.evaluate(
+        app.url,
+        dataset,
+        model,
+        arms=chosen,
+        cutoffs=ev.Cutoffs(top_k=top_k, depth=depth),
+        options=search_options,
+        keep=keep,
+        progress=lambda message: click.echo(message, err=True),
+        settings=app.settings,
+        contextual=contextual,
+    )
+    if report.database:
+        click.echo(f"kept evaluation database {report.database}", err=True)
+    if save_runs is not None:
+        save_runs.mkdir(parents=True, exist_ok=True)
+        for arm, run in report.runs.items():
+            ev.write_trec_run(save_runs / f"{arm}.run", run, tag=f"kbpg-{arm}")
+    click.echo(json.dumps(report.to_json()) if as_json else ev.format_table(report))
+
+
+def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from kbpg.request import validate_query
+
+    try:
+        return validate_query(value)
+    except KbpgError as exc:
+        raise click.BadParameter(exc.message, ctx=ctx, param=param) from None
+
+
+_SEARCH_OPTIONS = {name: option for name, option in OPTIONS.items() if name != "query"}
+
+
+@click.command()
+@click.argument("query", callback=_searchable_query)
+@search_options(_SEARCH_OPTIONS, defaults={"top": CLI_DEFAULT_TOP})
+@click.option("--explain", is_flag=True, help="Per-arm ranks and timings on stderr.")
+@json_option
+@click.option("--context", "context_only", is_flag=True, help="Print only the context block.")
+@embedder_option
+@pass_app
+@handle_errors
+def search(
+    app: AppContext,
+    /,
+    query: str,
+    explain: bool,
+    as_json: bool,
+    context_only: bool,
+    embedder_name: str | None,
+    **options: Any,
+) -> None:
+    """Search the knowledge base for QUERY (TOON rows by default).
+
+    The query is plain text (websearch syntax for the BM25 arm); it is never run as SQL.
+    --json prints {context, sources, chunks}. Database: KBPG_DATABASE_URL; model: KBPG_EMBEDDER.
+    """
+    if as_json and context_only:
+        raise click.UsageError("--json and --context cannot be used together")
+    from kbpg import output
+    from kbpg.request import SearchRequest
+
+    try:
+        request = SearchRequest(query, **options)
+    except InvalidInput as exc:
+        raise click.UsageError(exc.message) from None
+    with app.knowledge_base(embedder_name) as kb:
+        result = kb.search(request)
+    for notice in result.notices:
+        click.echo(f"Notice: {notice}", err=True)
+    for warning in result.warnings:
+        click.echo(f"Warning: {warning}", err=True)
+    if as_json:
+        click.echo(output.render_json(result))
+    elif context_only:
+        click.echo(result.context, nl=False)
+    else:
+        click.echo(output.render_toon(result))
+    if explain:
+        click.echo(output.render_explain(result), err=True)
+
+
+@click.command()
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
+@click.option(
+    "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port."
+)
+@click.option(
+    "--pool-size",
+    type=click.IntRange(2, 100),
+    default=8,
+    show_default=True,
+    help="Database connections shared by the request threads.",
+)
+@click.option(
+    "--allowed-host",
+    "allowed_hosts",
+    multiple=True,
+    envvar="KBPG_ALLOWED_HOSTS",
+    metavar="NAME",
+    help="Also answer to this Host name (repeatable; env KBPG_ALLOWED_HOSTS, space-separated). "
+    "Loopback names and the bound address always work; '*' turns the check off.",
+)
+@click.option(
+    "--tokens-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    envvar="KBPG_TOKENS_FILE",
+    help="Tokens mapped to database roles, one `<sha256 hex> <role>` a line, re-read when it "
+    "changes (env KBPG_TOKENS_FILE; see `kbpg token`).",
+)
+@click.option(
+    "--source-root",
+    type=click.Path(file_okay=False, path_type=Path),
+    envvar="KBPG_SOURCE_ROOT",
+    help="Show file sources relative to this directory (env KBPG_SOURCE_ROOT); other "
+    "absolute paths are shown by file name.",
+)
+@click.option(
+    "--insecure-no-token",
+    is_flag=True,
+    help="Serve a non-loopback address without any token (only behind a trusted network).",
+)
+@pass_app
+@handle_errors
+def serve(
+    app: AppContext,
+    host: str,
+    port: int,
+    pool_size: int,
+    allowed_hosts: tuple[str, ...],
+    tokens_file: Path | None,
+    source_root: Path | None,
+    insecure_no_token: bool,
+) -> None:
+    """Serve the search page (/), the HTTP API (POST /api/v1/kb/search), /healthz and /docs.
+
+    KBPG_API_TOKEN (runs as the server's own role) or a tokens file (each token runs as its
+    database role) guards the API. Without either, only a loopback address is served.
+    """
+    from kbpg.http import serve as run_server
+
+    run_server(
+        app.settings,
+        host=host,
+        port=port,
+        pool_size=pool_size,
+        extra_hosts=tuple(h for value in allowed_hosts for h in value.split()),
+        tokens_file=tokens_file,
+        insecure_no_token=insecure_no_token,
+        source_root=str(source_root.resolve()) if source_root else None,
+    )
+
+
+@click.group()
+def token() -> None:
+    """API tokens for `kbpg serve --tokens-file`: each maps to a database role."""
+
+
+@token.command("new")
+@click.argument("role")
+@click.option(
+    "--file",
+    "path",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append the token's line to this tokens file (created 0600 when missing).",
+)
+@click.option("--comment", default="", help="A note kept beside the hash (who holds it).")
+@handle_errors
+def token_new(role: str, path: Path | None, comment: str) -> None:
+    """Make a random token for ROLE ('-': the server's own role); print it once on stdout.
+
+    Only its sha256 hash is written to the file (or printed on stderr without --file).
+    """
+    from kbpg.tokens import new_token, token_line
+
+    secret = new_token()
+    line = token_line(secret, role, comment)
+    if path is None:
+        click.echo(line, err=True)
+    else:
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        with os.fdopen(fd, "a", encoding="utf-8") as out:
+            out.write(line + "\n")
+        click.echo(f"added a token for role {role} to {path}", err=True)
+    click.echo(secret)
+
+
+@token.command("hash")
+@click.argument("role")
+@handle_errors
+def token_hash(role: str) -> None:
+    """Read a token on stdin; print its tokens-file line for ROLE (the token is not stored)."""
+    from kbpg.tokens import token_line
+
+    secret = sys.stdin.readline().strip()
+    if not secret:
+        raise click.UsageError("no token on stdin")
+    click.echo(token_line(secret, role))
