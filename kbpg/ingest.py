@@ -14,6 +14,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import psycopg
+from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
 from kbpg import db as kdb
@@ -250,8 +252,20 @@ def writer(kb: KnowledgeBase, principal: Principal | None = None) -> Iterator[Co
         try:
             yield conn
         finally:
-            if not conn.closed and not conn.broken:
-                conn.execute(queries.WRITE_UNLOCK, (WRITE_LOCK_KEY,))
+            _release_write_lock(conn)
+
+
+def _release_write_lock(conn: Connection) -> None:
+    """Unlock, or close a connection left mid-transaction: the server then drops the lock
+    (a pooled connection must never go back to the pool still holding it)."""
+    if conn.closed:
+        return
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise psycopg.InterfaceError("connection left inside a transaction")
+        conn.execute(queries.WRITE_UNLOCK, (WRITE_LOCK_KEY,))
+    except psycopg.Error:
+        conn.close()
 
 
 def _refresh_lexical_index(

@@ -182,3 +182,21 @@ def test_a_transaction_left_open_is_rolled_back(
             with kb.session() as conn:
                 row = conn.execute("select pg_catalog.to_regclass('pg_temp.left_behind')")
                 assert row.fetchone() == (None,)
+
+
+def test_writer_lock_is_released_even_from_a_failed_transaction(
+    kb_url: str,  # noqa: F811
+    embedder: Embedder,
+) -> None:
+    from kbpg.ingest import WRITE_LOCK_KEY, writer
+
+    with KnowledgeBase(kb_url, embedder, settings=settings(), pool_size=1) as kb:
+        with pytest.raises(KbpgError), writer(kb) as conn:
+            conn.execute("begin")  # a job that left its transaction open and failed in it
+            conn.execute("select 1 / 0")
+        with kb.session(write=True) as conn:  # the lock is free: waiting would time out
+            conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
+        with writer(kb):
+            pass
+        with kb.session(write=True) as conn:
+            conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
