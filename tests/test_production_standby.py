@@ -213,3 +213,18 @@ def test_serve_searches_on_the_replica(replicated: tuple[str, str], kb_on_primar
             process.wait(timeout=30)
             standby.execute("select pg_wal_replay_resume()")
     wait_for_replay(primary_url, standby_url)
+
+
+def test_read_url_list_keeps_multi_host_urls_whole() -> None:
+    from kbpg.config import parse_read_urls
+    from kbpg.replicas import redacted
+
+    value = (
+        " postgresql://kb@r1,r2:5433/knowledge?target_session_attrs=any , postgres://kb:pw@r3/kb"
+    )
+    assert parse_read_urls(value) == (
+        "postgresql://kb@r1,r2:5433/knowledge?target_session_attrs=any",
+        "postgres://kb:pw@r3/kb",
+    )
+    assert parse_read_urls("") == () == parse_read_urls(None)
+    assert redacted("postgres://kb:pw@r3/kb") == "postgres://kb:***@r3/kb"
