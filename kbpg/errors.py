@@ -58,6 +58,10 @@ class IngestError(KbpgError):
     """A source could not be read or ingested."""
 
 
+class NotFound(KbpgError):
+    """The thing asked for does not exist (or the caller may not see it)."""
+
+
 class PermissionDenied(KbpgError):
     """The role a call runs as lacks a privilege (SQLSTATE 42501)."""
 

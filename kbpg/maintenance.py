@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from kbpg.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
 from kbpg.contextual import with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import refresh_edges
+from kbpg.errors import InvalidInput, NotFound
 from kbpg.ingest import IngestProgress, IngestSummary, ProgressCallback, writer
 
 
@@ -62,6 +63,71 @@ def list_documents(
     ]
 
 
+@dataclass(frozen=True)
+class DocumentChunk:
+    ordinal: int
+    section: str
+    content: str
+
+
+@dataclass(frozen=True)
+class DocumentText:
+    """One document with its chunks in reading order."""
+
+    source: str
+    title: str
+    category: str | None
+    groups: list[str]
+    labels: list[str]
+    chunks: tuple[DocumentChunk, ...]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "source": self.source,
+            "title": self.title,
+            "category": self.category,
+            "groups": self.groups,
+            "labels": self.labels,
+            "chunks": [asdict(c) for c in self.chunks],
+        }
+
+
+def _source_candidates(source: str) -> list[str]:
+    """A source as given and, for a file path, its absolute form (how ingest stores paths)."""
+    candidates = [source]
+    with contextlib.suppress(OSError, RuntimeError, ValueError):
+        candidates.append(str(Path(source).expanduser().resolve()))
+    return candidates
+
+
+def document_chunks(
+    kb: KnowledgeBase, source: str, *, principal: Principal | None = None
+) -> DocumentText:
+    """Every chunk of the document `source`, in order; NotFound when there is none (or the
+    caller may not read it: the two look the same)."""
+    if not isinstance(source, str) or not source or "\x00" in source:
+        raise InvalidInput("the source must be non-empty text without NUL characters")
+    with kb.session(principal) as conn:
+        kdb.require_schema(conn)
+        rows = conn.execute(
+            queries.DOCUMENT_CHUNKS, {"sources": _source_candidates(source), "source": source}
+        ).fetchall()
+    if not rows:
+        raise NotFound(
+            f"no such document: {source}",
+            hint="list_documents / `kbpg documents list` shows the sources",
+        )
+    first = rows[0]
+    return DocumentText(
+        source=first[0],
+        title=first[1],
+        category=first[2],
+        groups=list(first[3]),
+        labels=list(first[4]),
+        chunks=tuple(DocumentChunk(int(r[5]), r[6] or "", r[7]) for r in rows),
+    )
+
+
 def delete_documents(
     kb: KnowledgeBase, sources: Sequence[str], *, principal: Principal | None = None
 ) -> tuple[list[str], list[str]]:
@@ -74,10 +140,9 @@ def delete_documents(
     missing: list[str] = []
     with writer(kb, principal) as conn, kb.transaction(conn, principal, write=True):
         for source in sources:
-            candidates = [source]
-            with contextlib.suppress(OSError, RuntimeError):
-                candidates.append(str(Path(source).expanduser().resolve()))
-            row = conn.execute(queries.DELETE_DOCUMENT_BY_SOURCE, (candidates,)).fetchone()
+            row = conn.execute(
+                queries.DELETE_DOCUMENT_BY_SOURCE, (_source_candidates(source),)
+            ).fetchone()
             (deleted if row else missing).append(row[0] if row else source)
         if deleted:
             refresh_edges(conn)

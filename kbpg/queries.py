@@ -188,6 +188,16 @@ select d.source, d.title, d.category, d.groups, d.labels,
  where %(group)s::text is null or %(group)s = any(d.groups)
  order by d.source
 """
+# One document's chunks in reading order, by source (a path also matches its absolute form).
+DOCUMENT_CHUNKS: Final = """
+select d.source, d.title, d.category, d.groups, d.labels, c.ordinal, c.section, c.content
+  from kb.documents d
+  join kb.chunks c on c.document_id = d.id
+ where d.source = (select d2.source from kb.documents d2
+                    where d2.source = any(%(sources)s::text[])
+                    order by d2.source = %(source)s desc limit 1)
+ order by c.ordinal
+"""
 DELETE_DOCUMENT_BY_SOURCE: Final = (
     "delete from kb.documents where source = any(%s) returning source"
 )

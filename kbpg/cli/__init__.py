@@ -42,6 +42,7 @@ for command in (
     search.eval_command,
     search.search,
     search.serve,
+    search.mcp,
     search.token,
     library.ingest,
     library.documents,

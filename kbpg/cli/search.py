@@ -193,6 +193,26 @@ def search(
 
 
 @click.command()
+@embedder_option
+@pass_app
+@handle_errors
+def mcp(app: AppContext, embedder_name: str | None) -> None:
+    """Serve the knowledge base to an agent over MCP (stdio): search, list and read documents.
+
+    An agent host launches it (`"command": "kbpg", "args": ["mcp"]`); stdout carries the
+    protocol, logs go to stderr. Database and model as for `kbpg search`.
+    """
+    try:
+        from kbpg.mcp_server import serve as run_mcp
+    except ImportError as exc:
+        raise KbpgError(
+            f"the MCP server needs the `mcp` package ({exc.name} is missing)",
+            hint="pip install 'kbpg[mcp]'",
+        ) from None
+    run_mcp(app.settings, embedder_name)
+
+
+@click.command()
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind.")
 @click.option(
     "--port", type=click.IntRange(0, 65535), default=8080, show_default=True, help="Port."

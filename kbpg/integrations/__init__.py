@@ -1,0 +1,1 @@
+"""Adapters that put kbpg where users already work (each an optional extra)."""

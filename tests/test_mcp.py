@@ -1,0 +1,146 @@
+"""`kbpg mcp`: the real server process over stdio, driven by the MCP SDK's own client."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+from mcp.client.session import ClientSession
+from mcp.client.stdio import StdioServerParameters, stdio_client
+
+from tests.helpers import KBPG
+from tests.search_kb import env_for, kb_env, kb_url  # noqa: F401 - fixtures
+
+Session = Callable[[ClientSession], Awaitable[None]]
+
+
+@asynccontextmanager
+async def mcp_session(env: dict[str, str], errlog: Any) -> AsyncIterator[ClientSession]:
+    params = StdioServerParameters(command=KBPG, args=["mcp"], env=env)
+    async with (
+        stdio_client(params, errlog=errlog) as (read, write),
+        ClientSession(read, write) as session,
+    ):
+        await session.initialize()
+        yield session
+
+
+def run_session(env: dict[str, str], body: Session, errlog_path: Path) -> None:
+    """Start `kbpg mcp` with `env`, run `body` against it, stop it (bounded in time)."""
+
+    async def main() -> None:
+        with errlog_path.open("w") as errlog, anyio.fail_after(240):
+            async with mcp_session(env, errlog) as session:
+                await body(session)
+
+    anyio.run(main)
+
+
+def _text(result: Any) -> str:
+    return "\n".join(block.text for block in result.content if block.type == "text")
+
+
+def test_tools_over_stdio(kb_env: dict[str, str], tmp_path: Path) -> None:  # noqa: F811
+    seen: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        tools = await session.list_tools()
+        seen["tools"] = {tool.name: tool for tool in tools.tools}
+        seen["search"] = await session.call_tool(
+            "search_knowledge_base", {"query": "how do I renew a parking permit", "top": 3}
+        )
+        seen["filtered"] = await session.call_tool(
+            "search_knowledge_base",
+            {"query": "how do I renew a parking permit", "category": "library"},
+        )
+        seen["documents"] = await session.call_tool("list_documents", {})
+        seen["document"] = await session.call_tool(
+            "get_document", {"source": "city/parking/permits.md"}
+        )
+        seen["missing"] = await session.call_tool("get_document", {"source": "no/such.md"})
+        seen["empty"] = await session.call_tool("search_knowledge_base", {"query": "   "})
+        seen["top0"] = await session.call_tool(
+            "search_knowledge_base", {"query": "permit", "top": 0}
+        )
+        seen["after"] = await session.call_tool(
+            "search_knowledge_base", {"query": "parking fine", "top": 1}
+        )
+
+    run_session(kb_env, body, tmp_path / "stderr.log")
+
+    tools = seen["tools"]
+    assert set(tools) == {"search_knowledge_base", "list_documents", "get_document"}
+    schema = tools["search_knowledge_base"].input_schema
+    assert schema["required"] == ["query"]
+    assert {"top", "groups", "category", "labels"} <= set(schema["properties"])
+    assert "question" in tools["search_knowledge_base"].description
+
+    search = seen["search"]
+    assert not search.is_error
+    assert _text(search).startswith("[1] Parking permits > Renewing a permit\n")
+    assert "Sources:" in _text(search)
+    chunks = search.structured_content["chunks"]
+    assert len(chunks) == 3
+    assert chunks[0]["section"] == "Parking permits > Renewing a permit"
+    assert {"vector_rank", "lexical_rank", "graph_rank", "score"} <= set(chunks[0])
+
+    filtered = seen["filtered"].structured_content["chunks"]
+    assert filtered and {c["source"] for c in filtered} == {"city/library/cards.md"}
+
+    documents = seen["documents"].structured_content["documents"]
+    assert "city/parking/permits.md" in {d["source"] for d in documents}
+
+    document = seen["document"].structured_content
+    assert document["title"] == "Parking permits"
+    assert [c["ordinal"] for c in document["chunks"]] == [0, 1, 2, 3]
+    assert document["chunks"][0]["content"].startswith("Residents renew")
+
+    assert seen["missing"].is_error
+    assert "no such document: no/such.md" in _text(seen["missing"])
+    assert seen["empty"].is_error
+    assert "the query must not be empty" in _text(seen["empty"])
+    assert seen["top0"].is_error
+    assert "top" in _text(seen["top0"])
+    # the server survived the bad calls
+    assert not seen["after"].is_error
+    assert seen["after"].structured_content["chunks"][0]["source"] == "city/parking/fines.md"
+
+
+def test_database_down_is_a_tool_error(tmp_path: Path) -> None:
+    env = env_for("postgresql://kbpg@127.0.0.1:9/kbpg", tmp_path / "home")
+    seen: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        seen["first"] = await session.call_tool("search_knowledge_base", {"query": "permit"})
+        seen["second"] = await session.call_tool("list_documents", {})
+
+    run_session(env, body, tmp_path / "stderr.log")
+    for key in ("first", "second"):
+        assert seen[key].is_error
+        assert "cannot connect to PostgreSQL" in _text(seen[key])
+        assert "Traceback" not in _text(seen[key])
+
+
+@pytest.mark.parametrize("source", ["city/library/cards.md"])
+def test_tool_errors_name_no_internals(
+    kb_env: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+    source: str,
+) -> None:
+    seen: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        seen["ok"] = await session.call_tool("get_document", {"source": source})
+        seen["nul"] = await session.call_tool("get_document", {"source": "a\x00b"})
+        seen["badtype"] = await session.call_tool(
+            "search_knowledge_base", {"query": "permit", "top": "many"}
+        )
+
+    run_session(kb_env, body, tmp_path / "stderr.log")
+    assert not seen["ok"].is_error
+    assert seen["nul"].is_error and "NUL" in _text(seen["nul"])
+    assert seen["badtype"].is_error
