@@ -31,15 +31,7 @@ class DocumentInfo:
     updated_at: str
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "title": self.title,
-            "category": self.category,
-            "groups": self.groups,
-            "labels": self.labels,
-            "chunks": self.chunks,
-            "updated_at": self.updated_at,
-        }
+        return asdict(self)
 
 
 def list_documents(
@@ -82,14 +74,8 @@ class DocumentText:
     chunks: tuple[DocumentChunk, ...]
 
     def as_dict(self) -> dict[str, Any]:
-        return {
-            "source": self.source,
-            "title": self.title,
-            "category": self.category,
-            "groups": self.groups,
-            "labels": self.labels,
-            "chunks": [asdict(c) for c in self.chunks],
-        }
+        """JSON-ready: the chunks as a list of objects."""
+        return asdict(self)
 
 
 def _source_candidates(source: str) -> list[str]:

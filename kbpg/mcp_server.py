@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import logging
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
 from mcp.server.mcpserver import MCPServer
@@ -66,7 +68,8 @@ class KnowledgeBaseTools:
                 self._kb = None
 
     def search(self, request: SearchRequest) -> CallToolResult:
-        result = self.knowledge_base().search(request)
+        with _tool_errors():
+            result = self.knowledge_base().search(request)
         payload = result.to_json()
         text = result.context or "No chunk of the knowledge base matches this question."
         for warning in result.warnings:
@@ -78,13 +81,16 @@ class KnowledgeBaseTools:
     def documents(self, group: str | None) -> CallToolResult:
         from kbpg.maintenance import list_documents
 
-        rows = [d.as_dict() for d in list_documents(self.knowledge_base(), group=group)]
+        with _tool_errors():
+            rows = [d.as_dict() for d in list_documents(self.knowledge_base(), group=group)]
         return _json_result({"documents": rows})
 
     def document(self, source: str) -> CallToolResult:
         from kbpg.maintenance import document_chunks
 
-        return _json_result(document_chunks(self.knowledge_base(), source).as_dict())
+        with _tool_errors():
+            document = document_chunks(self.knowledge_base(), source)
+        return _json_result(document.as_dict())
 
 
 def _json_result(payload: dict[str, Any]) -> CallToolResult:
@@ -92,9 +98,13 @@ def _json_result(payload: dict[str, Any]) -> CallToolResult:
     return CallToolResult(content=[TextContent(type="text", text=text)], structured_content=payload)
 
 
-def _tool_error(exc: KbpgError) -> ToolError:
-    """The error as the model reads it: what went wrong and what to do, no traceback."""
-    return ToolError(f"{exc.message}" + (f" (hint: {exc.hint})" if exc.hint else ""))
+@contextmanager
+def _tool_errors() -> Iterator[None]:
+    """kbpg's errors as the model reads them: what went wrong and what to do, no traceback."""
+    try:
+        yield
+    except KbpgError as exc:
+        raise ToolError(exc.message + (f" (hint: {exc.hint})" if exc.hint else "")) from exc
 
 
 def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
@@ -122,7 +132,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         category: Annotated[str | None, Field(description=_described("category"))] = None,
         labels: Annotated[list[str] | None, Field(description=_described("labels"))] = None,
     ) -> CallToolResult:
-        try:
+        with _tool_errors():
             request = SearchRequest(
                 query,
                 top=top,
@@ -130,9 +140,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
                 category=category,
                 labels=None if labels is None else tuple(labels),
             )
-            return tools.search(request)
-        except KbpgError as exc:
-            raise _tool_error(exc) from exc
+        return tools.search(request)
 
     @server.tool(
         name="list_documents",
@@ -147,10 +155,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
     def list_documents(
         group: Annotated[str | None, Field(description="Only documents in this group.")] = None,
     ) -> CallToolResult:
-        try:
-            return tools.documents(group)
-        except KbpgError as exc:
-            raise _tool_error(exc) from exc
+        return tools.documents(group)
 
     @server.tool(
         name="get_document",
@@ -165,10 +170,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
     def get_document(
         source: Annotated[str, Field(description="The document's source.")],
     ) -> CallToolResult:
-        try:
-            return tools.document(source)
-        except KbpgError as exc:
-            raise _tool_error(exc) from exc
+        return tools.document(source)
 
     return server
 
