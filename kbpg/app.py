@@ -25,6 +25,7 @@ from kbpg.errors import (
     KbpgError,
     QueryTimeout,
     ReadOnlyDatabase,
+    StageUnavailable,
 )
 from kbpg.replicas import ReadReplicas
 from kbpg.request import SearchRequest
@@ -103,7 +104,7 @@ class ModelClients:
             if self._reranker is None:
                 reranker = make_reranker(self.settings)
                 if reranker is None:
-                    raise ConfigError(
+                    raise StageUnavailable(
                         "reranking was asked for, but no reranker is configured",
                         hint="set KBPG_RERANK to api, tei or llm (and KBPG_RERANK_URL / "
                         "KBPG_RERANK_MODEL or KBPG_CHAT_*), or search without --rerank",
@@ -117,7 +118,10 @@ class ModelClients:
 
         with self._lock:
             if self._chat is None:
-                self._chat = make_chat(self.settings)
+                try:
+                    self._chat = make_chat(self.settings)
+                except ConfigError as exc:
+                    raise StageUnavailable(exc.message, hint=exc.hint) from None
             return self._chat
 
 

@@ -46,6 +46,10 @@ class QueryTooLarge(InvalidInput):
     """A query over kbpg's documented cost bound (SQLSTATE KB003)."""
 
 
+class StageUnavailable(ConfigError):
+    """A request asked for a model stage (rerank, expand) this installation has no model for."""
+
+
 class ModelError(KbpgError):
     """A model server (embedding, reranker, chat) failed, timed out or answered nonsense."""
 

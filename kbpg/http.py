@@ -32,6 +32,7 @@ from kbpg.errors import (
     QueryTimeout,
     ReadOnlyDatabase,
     SchemaNotMigrated,
+    StageUnavailable,
 )
 from kbpg.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
 from kbpg.search import Chunk, SearchResult, Source
@@ -134,6 +135,7 @@ _ANSWERS: list[tuple[type[KbpgError], int, str | None, str | None]] = [
     (SchemaNotMigrated, 503, "the knowledge base is not ready yet", "retry later"),
     (ReadOnlyDatabase, 503, "the knowledge base cannot take writes here", None),
     (ModelError, 502, "the model server failed", "retry later"),
+    (StageUnavailable, 422, None, None),
 ]
 
 

@@ -280,3 +280,13 @@ def test_serve_refuses_to_start_without_a_database(tmp_path: Path) -> None:
     assert proc.returncode == 1
     assert proc.stderr.startswith("Error: cannot connect to PostgreSQL")
     assert "Traceback" not in proc.stderr
+
+
+def test_stage_without_a_model_is_422(api: httpx.Client) -> None:
+    rerank = search(api, query="renew permit", rerank=True)
+    assert rerank.status_code == 422
+    assert rerank.json()["error"] == "StageUnavailable"
+    assert "no reranker is configured" in rerank.json()["message"]
+    expand = search(api, query="renew permit", expand=True)
+    assert expand.status_code == 422
+    assert "no chat model server is configured" in expand.json()["message"]
