@@ -165,7 +165,7 @@ def search(
     """Search the knowledge base for QUERY (TOON rows by default).
 
     The query is plain text (websearch syntax for the BM25 arm); it is never run as SQL.
-    --json prints {context, sources, chunks}. Database: KBPG_DATABASE_URL; model: KBPG_EMBEDDER.
+    --json prints {context, sources, chunks, stages}. Database: KBPG_DATABASE_URL; model: KBPG_EMBEDDER.
     """
     if as_json and context_only:
         raise click.UsageError("--json and --context cannot be used together")
