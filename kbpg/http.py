@@ -152,7 +152,7 @@ def error_response(exc: KbpgError) -> JSONResponse:
     """The client's view of a KbpgError; the full message is logged for the operator."""
     status, message, hint = next(
         ((code, text, tip) for kind, code, text, tip in _ANSWERS if isinstance(exc, kind)),
-        (500, "the search failed", "see the server log"),
+        (500, "the search failed", "retry later; the server's log has the cause"),
     )
     if message is None and not _own_message(exc):
         message, hint = "the database refused the search request", "check the request's values"

@@ -43,10 +43,19 @@ function errorText(status, payload) {
   return "the server answered " + status;
 }
 
+// Common English words the lexical arm ignores too (PostgreSQL's english stop words, in part):
+// marking "do" inside "does" only adds noise.
+const STOP_WORDS = new Set(
+  ("the and for are but not you your with from that this was were have has had how what when " +
+   "where who why which can could does did into about than then them they their there these " +
+   "those will would should its our out all any some such only own same very just").split(" ")
+);
+
 // Words of the query (letters and digits, any script), longest first, for highlighting.
 function queryTerms(query) {
-  const words = query.toLowerCase().match(/[\p{L}\p{N}]{2,}/gu) || [];
-  return [...new Set(words)].sort((a, b) => b.length - a.length);
+  const words = query.toLowerCase().match(/[\p{L}\p{N}]+/gu) || [];
+  const kept = words.filter((w) => (w.length >= 3 || /[^\x00-\x7f]/.test(w)) && !STOP_WORDS.has(w));
+  return [...new Set(kept)].sort((a, b) => b.length - a.length);
 }
 
 function escapeRegExp(text) {
@@ -60,7 +69,12 @@ function highlighted(text, terms) {
     fragment.append(text);
     return fragment;
   }
-  const pattern = new RegExp("(" + terms.map(escapeRegExp).join("|") + ")", "giu");
+  // at the start of a word: "renew" marks "renewal", not the middle of another word
+  // (scripts written without spaces, such as Japanese, match anywhere)
+  const alternatives = terms.map((t) =>
+    /^[\x00-\x7f]+$/.test(t) ? "(?<![\\p{L}\\p{N}])" + escapeRegExp(t) : escapeRegExp(t)
+  );
+  const pattern = new RegExp("(?:" + alternatives.join("|") + ")", "giu");
   let last = 0;
   for (const match of text.matchAll(pattern)) {
     fragment.append(text.slice(last, match.index));
