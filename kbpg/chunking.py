@@ -19,6 +19,15 @@ _PARAGRAPH_BREAK_FILL = 0.5
 # Counts of units are added up; word pieces are additive across whitespace, but a stand-in
 # tokenizer (OpenAI provider) may not be, so a packed chunk is re-counted and re-packed.
 _MAX_REPACKS = 6
+# Memory and tokenizer work stay bounded whatever a section's size: a section is first counted
+# whole only when it could fit one window (no word piece is shorter than a character; past 16
+# characters a token it cannot fit in practice, and the split path is exact either way), whole
+# sections are counted in groups of at most _COUNT_GROUP_CHARS, and a long section is split
+# piece by piece, each piece at most _PIECE_CHARS and cut at a paragraph, line or word break
+# (chunks never cross a piece boundary, as they never cross a heading).
+_WHOLE_CHARS_PER_TOKEN = 16
+_COUNT_GROUP_CHARS = 256_000
+_PIECE_CHARS = 64_000
 
 _PARAGRAPH = re.compile(r"\S(?:.*?\S)?(?=\n[ \t]*\n|\s*\Z)", re.S)
 _LINE = re.compile(r"[^\n]*\S[^\n]*")
@@ -183,19 +192,21 @@ def chunk_sections(
             prefix = heading_prefix(section.path, counter)
             tokens = counter.count_tokens_batch([prefix])[0] - 2 if prefix else 0
             prefixes[section.path] = (prefix, tokens)
-    whole = counter.count_tokens_batch(
-        [embed_text(prefixes[s.path][0], s.text.strip()) for _, s in live]
-    )
+    whole = _whole_counts([(prefixes[s.path][0], s.text) for _, s in live], counter)
     chunks: list[Chunk] = []
     for (index, section), whole_count in zip(live, whole, strict=True):
         prefix, prefix_tokens = prefixes[section.path]
         text = section.text
-        if whole_count <= max_tokens:
+        if whole_count is not None and whole_count <= max_tokens:
             start = len(text) - len(text.lstrip())
             end = len(text.rstrip())
             spans = [(start, end, whole_count)]
         else:
-            spans = _split_section(text, prefix, prefix_tokens, counter, overlap_tokens)
+            spans = [
+                (offset + s, offset + e, c)
+                for offset, piece in _pieces(text)
+                for s, e, c in _split_section(piece, prefix, prefix_tokens, counter, overlap_tokens)
+            ]
         for start, end, count in spans:
             content = text[start:end]
             chunks.append(
@@ -211,6 +222,53 @@ def chunk_sections(
                 )
             )
     return chunks
+
+
+def _whole_counts(sections: Sequence[tuple[str, str]], counter: TokenCounter) -> list[int | None]:
+    """Token counts of each (prefix, text) embedded whole; None where it cannot fit one window."""
+    limit = counter.max_tokens * _WHOLE_CHARS_PER_TOKEN
+    counts: list[int | None] = [None] * len(sections)
+    group: list[int] = []
+    chars = 0
+
+    def flush() -> None:
+        texts = [embed_text(sections[i][0], sections[i][1].strip()) for i in group]
+        for i, count in zip(group, counter.count_tokens_batch(texts), strict=True):
+            counts[i] = count
+        group.clear()
+
+    for i, (_, text) in enumerate(sections):
+        if len(text) > limit:
+            continue
+        group.append(i)
+        chars += len(text)
+        if chars >= _COUNT_GROUP_CHARS:
+            flush()
+            chars = 0
+    if group:
+        flush()
+    return counts
+
+
+def _pieces(text: str) -> list[tuple[int, str]]:
+    """`text` as (offset, piece) of at most _PIECE_CHARS, cut at the last paragraph break, else
+    line break, else whitespace before the limit (a hard cut only in a 64k-character word)."""
+    if len(text) <= _PIECE_CHARS:
+        return [(0, text)]
+    pieces: list[tuple[int, str]] = []
+    start = 0
+    while len(text) - start > _PIECE_CHARS:
+        limit = start + _PIECE_CHARS
+        cut = -1
+        for separator in ("\n\n", "\n", " "):
+            cut = text.rfind(separator, start + _PIECE_CHARS // 2, limit)
+            if cut > 0:
+                break
+        end = cut if cut > 0 else limit
+        pieces.append((start, text[start:end]))
+        start = end
+    pieces.append((start, text[start:]))
+    return [(offset, piece) for offset, piece in pieces if piece.strip()]
 
 
 def _split_section(

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import datetime
+import functools
 import json
+import math
+import os
 import re
-from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -24,6 +28,22 @@ JSONL_SUFFIXES = frozenset({".jsonl"})
 SUPPORTED_SUFFIXES = (
     TEXT_SUFFIXES | MARKDOWN_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES | JSONL_SUFFIXES
 )
+
+# A whole-file loader holds the file, its text and its chunks in memory at once (about 12x the
+# file's size at peak, measured by benchmarks/bench_ingest_memory.py), so files are refused
+# above this size; a JSONL file is read line by line and the limit applies to each line.
+DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
+# Front matter and JSONL `metadata`, serialised as JSON, are refused above this size (a
+# document's metadata is stored once per document and returned with every search hit).
+MAX_METADATA_BYTES = 64 * 1024
+_MAX_METADATA_DEPTH = 32
+# Binary content: a NUL byte in the first 8 KiB (git's and grep's test), or more than this
+# share of control characters other than whitespace in the first 64 Ki characters.
+_BINARY_SNIFF_BYTES = 8192
+_CONTROL_SAMPLE = 65536
+_MAX_CONTROL_SHARE = 0.10
+_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -61,21 +81,81 @@ class LoadFailure:
 
 
 def _clean(text: str) -> str:
-    # PostgreSQL text cannot hold NUL; PDF extraction sometimes yields them
-    return text.replace("\x00", "")
+    """Free text PostgreSQL can store: NUL removed (PDF extraction and JSON `\\u0000` yield it),
+    lone surrogates (from JSON escapes or a bad encoder) replaced by U+FFFD, length kept."""
+    text = text.replace("\x00", "")
+    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
+
+
+def check_name(value: str, what: str, where: str) -> str:
+    """A key or filter value (id, category, group, label, metadata key) is stored as given or
+    refused: silently changing a group name would change who may read the document."""
+    if "\x00" in value:
+        raise IngestError(f"{where}: {what} {value[:40]!r} contains a NUL character")
+    if _SURROGATE.search(value):
+        raise IngestError(f"{where}: {what} {value[:40]!r} contains a lone surrogate (not UTF-8)")
+    return value
+
+
+def check_not_binary(text: str, where: str) -> None:
+    """Refuse text that is mostly control characters (a binary file with a text file's name)."""
+    sample = text[:_CONTROL_SAMPLE]
+    controls = len(_CONTROL.findall(sample))
+    if controls > 8 and controls > len(sample) * _MAX_CONTROL_SHARE:
+        raise IngestError(
+            f"{where}: binary content ({controls} control characters in the first "
+            f"{len(sample)} characters), not text"
+        )
 
 
 def _title_from_path(path: Path) -> str:
-    return re.sub(r"[_-]+", " ", path.stem).strip() or path.name
+    return _clean(re.sub(r"[_-]+", " ", path.stem).strip() or path.name)
 
 
-def _read_text(path: Path) -> str:
+def human_bytes(size: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= scale:
+            return f"{size / scale:.1f} {unit}".replace(".0 ", " ")
+    return f"{size} bytes"
+
+
+def _too_large(size: str, max_bytes: int) -> str:
+    return (
+        f"{size}, over the {human_bytes(max_bytes)} limit "
+        "(raise it with --max-file-size or KBPG_MAX_FILE_BYTES)"
+    )
+
+
+def read_limited(path: Path, max_bytes: int) -> bytes:
+    """The file's bytes, refused without reading it when it is over `max_bytes` (and never more
+    than `max_bytes` + 1 bytes read, whatever its size claims)."""
     try:
-        return _clean(path.read_bytes().decode("utf-8-sig"))
-    except UnicodeDecodeError as exc:
-        raise IngestError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+        with path.open("rb") as handle:
+            size = os.fstat(handle.fileno()).st_size
+            if size > max_bytes:
+                raise IngestError(f"{path}: {_too_large(human_bytes(size), max_bytes)}")
+            data = handle.read(max_bytes + 1)
     except OSError as exc:
         raise IngestError(f"{path}: {exc.strerror or exc}") from exc
+    if len(data) > max_bytes:
+        raise IngestError(f"{path}: {_too_large('larger than that', max_bytes)}")
+    return data
+
+
+def _read_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> str:
+    data = read_limited(path, max_bytes)
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise IngestError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
+    if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
+        raise IngestError(
+            f"{path}: binary content (NUL bytes), not text "
+            "(UTF-16 text must be converted to UTF-8 first)"
+        )
+    del data
+    check_not_binary(text, str(path))
+    return _clean(text)
 
 
 def resolve_link(href: str, base: Path, own_source: str) -> Link | None:
@@ -165,13 +245,17 @@ def _document(
     labels: Sequence[str] = (),
     metadata: Mapping[str, Any] | None = None,
 ) -> Document:
+    if any(_SURROGATE.search(s.text) or any(map(_SURROGATE.search, s.path)) for s in sections):
+        sections = tuple(
+            replace(s, path=tuple(map(_clean, s.path)), text=_clean(s.text)) for s in sections
+        )
     text = "\n\n".join(s.text.strip() for s in sections)
     if not text.strip():
         raise IngestError(f"{path}: no text to index")
-    meta = {"format": fmt, **(metadata or {})}
+    meta = json_metadata({"format": fmt, **(metadata or {})}, str(path))
     return Document(
         source=str(path.resolve()),
-        title=title,
+        title=_clean(title),
         text=text,
         category=category,
         groups=tuple(groups),
@@ -181,8 +265,8 @@ def _document(
     )
 
 
-def load_text(path: Path) -> Document:
-    text = _read_text(path)
+def load_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
+    text = _read_text(path, max_bytes)
     title = _title_from_path(path)
     return _document(path, title, (Section((title,), text),), "text")
 
@@ -196,10 +280,81 @@ def _string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
-        return tuple(v.strip() for v in value.split(",") if v.strip())
-    if isinstance(value, list) and all(isinstance(v, str | int) for v in value):
-        return tuple(str(v).strip() for v in value if str(v).strip())
-    raise IngestError(f"{where}: `{key}` must be a list of strings")
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, list) and all(
+        isinstance(v, str | int) and not isinstance(v, bool) for v in value
+    ):
+        items = [str(v).strip() for v in value]
+    else:
+        raise IngestError(f"{where}: `{key}` must be a list of strings")
+    return tuple(check_name(v, f"`{key}` value", where) for v in items if v)
+
+
+def _category(value: Any, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise IngestError(f"{where}: `category` must be a string")
+    return check_name(str(value).strip(), "`category`", where) or None
+
+
+def json_metadata(metadata: Mapping[str, Any], where: str) -> dict[str, Any]:
+    """Metadata as JSON PostgreSQL stores (jsonb): dates as ISO strings, free text cleaned;
+    refused when a value has no JSON form (NaN, bytes, sets), when a key contains NUL, when
+    nested deeper than 32 levels or over MAX_METADATA_BYTES serialised."""
+
+    def convert(value: Any, at: str, depth: int) -> Any:
+        if depth > _MAX_METADATA_DEPTH:
+            raise IngestError(f"{where}: metadata nested deeper than {_MAX_METADATA_DEPTH} levels")
+        if value is None or isinstance(value, bool | int):
+            return value
+        if isinstance(value, float):
+            if not math.isfinite(value):
+                raise IngestError(f"{where}: metadata {at} is {value}, which JSON cannot store")
+            return value
+        if isinstance(value, str):
+            return _clean(value)
+        if isinstance(value, datetime.date | datetime.time):
+            return value.isoformat()
+        if isinstance(value, list | tuple):
+            return [convert(v, f"{at}[{i}]", depth + 1) for i, v in enumerate(value)]
+        if isinstance(value, Mapping):
+            out: dict[str, Any] = {}
+            for k, v in value.items():
+                key = check_name(str(k), "metadata key", where)
+                out[key] = convert(v, f"{at}.{key}" if at else key, depth + 1)
+            return out
+        raise IngestError(
+            f"{where}: metadata {at or 'value'} is a {type(value).__name__}, not a JSON value"
+        )
+
+    converted: dict[str, Any] = convert(dict(metadata), "", 0)
+    size = len(json.dumps(converted, ensure_ascii=False).encode())
+    if size > MAX_METADATA_BYTES:
+        raise IngestError(
+            f"{where}: metadata is {human_bytes(size)} as JSON, over the "
+            f"{human_bytes(MAX_METADATA_BYTES)} cap"
+        )
+    return converted
+
+
+@functools.cache
+def _no_alias_loader() -> type[Any]:
+    import yaml
+
+    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no stubs here
+        """yaml.SafeLoader that refuses anchors and aliases: a few hundred bytes of nested
+        aliases expand to gigabytes once the front matter becomes JSON ("billion laughs")."""
+
+        def compose_node(self, parent: Any, index: Any) -> Any:
+            event = self.peek_event()
+            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
+                raise yaml.composer.ComposerError(
+                    None, None, "anchors and aliases are not allowed", event.start_mark
+                )
+            return super().compose_node(parent, index)
+
+    return NoAliasLoader
 
 
 def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
@@ -209,9 +364,18 @@ def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
         return {}, text
     import yaml
 
+    raw = match.group(1)
+    if len(raw) > MAX_METADATA_BYTES:
+        raise IngestError(
+            f"{where}: front matter is over the {human_bytes(MAX_METADATA_BYTES)} metadata cap"
+        )
     try:
-        data = yaml.safe_load(match.group(1)) or {}
+        data = yaml.load(raw, Loader=_no_alias_loader()) or {}
     except yaml.YAMLError as exc:
+        raise IngestError(f"{where}: invalid front matter: {exc}") from exc
+    except RecursionError:
+        raise IngestError(f"{where}: invalid front matter: nested too deeply") from None
+    except ValueError as exc:  # an integer of more digits than Python converts
         raise IngestError(f"{where}: invalid front matter: {exc}") from exc
     if not isinstance(data, dict):
         raise IngestError(f"{where}: front matter must be a mapping of keys to values")
@@ -234,10 +398,10 @@ def _markdown_inline(children: Sequence[Any], builder: _SectionBuilder | None) -
     return "".join(out)
 
 
-def load_markdown(path: Path) -> Document:
+def load_markdown(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     from markdown_it import MarkdownIt
 
-    raw = _read_text(path)
+    raw = _read_text(path, max_bytes)
     front, body = split_front_matter(raw, str(path))
     tokens = MarkdownIt("commonmark").enable("table").parse(body)
     title = str(front.get("title") or "").strip()
@@ -282,7 +446,7 @@ def load_markdown(path: Path) -> Document:
         title,
         builder.finish(),
         "markdown",
-        category=str(front["category"]).strip() if front.get("category") else None,
+        category=_category(front.get("category"), str(path)),
         groups=_string_list(front.get("groups"), "groups", str(path)),
         labels=_string_list(front.get("labels"), "labels", str(path)),
         metadata={k: v for k, v in front.items() if k not in known},
@@ -333,10 +497,21 @@ def _html_fragment_text(html: str) -> str:
     return BeautifulSoup(html, "html.parser").get_text(" ")
 
 
-def _walk_html(node: Any, builder: _SectionBuilder) -> None:
+def _walk_html(root: Any, builder: _SectionBuilder) -> None:
+    """Depth-first over the tree with a stack of its own: 5,000 nested <div>s are a document,
+    not a RecursionError. The stack holds child iterators and actions to run after a child."""
     from bs4.element import Comment, NavigableString, Tag
 
-    for child in node.children:
+    stack: list[Iterator[Any] | Callable[[], None]] = [iter(root.children)]
+    while stack:
+        top = stack.pop()
+        if not isinstance(top, Iterator):
+            top()
+            continue
+        child = next(top, None)
+        if child is None:
+            continue
+        stack.append(top)
         if isinstance(child, Comment):
             continue
         if isinstance(child, NavigableString):
@@ -354,27 +529,25 @@ def _walk_html(node: Any, builder: _SectionBuilder) -> None:
         elif name == "br":
             builder.newline()
         elif name in ("td", "th"):
-            _walk_html(child, builder)
-            builder.text(" | ")
+            stack.append(functools.partial(builder.text, " | "))
+            stack.append(iter(child.children))
         elif name == "tr":
             builder.newline()
-            _walk_html(child, builder)
-            builder.newline()
+            stack.append(builder.newline)
+            stack.append(iter(child.children))
         else:
             if name == "a" and child.get("href"):
                 builder.link(str(child.get("href")))
-            block = name in _BLOCK_TAGS
-            if block:
+            if name in _BLOCK_TAGS:
                 builder.block()
-            _walk_html(child, builder)
-            if block:
-                builder.block()
+                stack.append(builder.block)
+            stack.append(iter(child.children))
 
 
-def load_html(path: Path) -> Document:
+def load_html(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     from bs4 import BeautifulSoup
 
-    soup = BeautifulSoup(_read_text(path), "html.parser")
+    soup = BeautifulSoup(_read_text(path, max_bytes), "html.parser")
     title_tag = soup.find("title")
     title = title_tag.get_text(" ", strip=True) if title_tag else ""
     if not title:
@@ -391,11 +564,14 @@ def load_html(path: Path) -> Document:
 # -- PDF --------------------------------------------------------------------------------------
 
 
-def load_pdf(path: Path) -> Document:
+def load_pdf(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
+    import io
+
     import pypdf
 
+    data = read_limited(path, max_bytes)
     try:
-        reader = pypdf.PdfReader(str(path))
+        reader = pypdf.PdfReader(io.BytesIO(data))
         if reader.is_encrypted and not reader.decrypt(""):
             raise IngestError(f"{path}: the PDF is encrypted")
         meta_title = (reader.metadata.title if reader.metadata else None) or ""
@@ -420,12 +596,18 @@ def load_pdf(path: Path) -> Document:
 
 def document_from_record(record: Any, where: str) -> Document:
     """A Document from a JSON object: id (or _id), title, text, category, groups, labels, metadata,
-    and optionally a precomputed `embedding` (the record is then stored as one chunk)."""
+    and optionally a precomputed `embedding` (the record is then stored as one chunk).
+
+    Free text (text, title, metadata values) is cleaned of what PostgreSQL cannot store; keys
+    and filter values (id, category, groups, labels, metadata keys) are refused instead.
+    """
     if not isinstance(record, dict):
         raise IngestError(f"{where}: expected a JSON object")
     ident = record.get("id", record.get("_id"))
     if ident is None or str(ident).strip() == "":
         raise IngestError(f"{where}: missing `id`")
+    if not isinstance(ident, str | int) or isinstance(ident, bool):
+        raise IngestError(f"{where}: `id` must be a string or an integer")
     text = record.get("text")
     if not isinstance(text, str):
         raise IngestError(f"{where}: `text` must be a string")
@@ -433,16 +615,16 @@ def document_from_record(record: Any, where: str) -> Document:
     metadata = record.get("metadata") or {}
     if not isinstance(title, str) or not isinstance(metadata, dict):
         raise IngestError(f"{where}: `title` must be a string and `metadata` an object")
-    category = record.get("category")
+    check_not_binary(text, where)
     embedding = _embedding(record.get("embedding"), where)
     return Document(
-        source=_clean(str(ident)),
+        source=check_name(str(ident), "`id`", where),
         title=_clean(title.strip()),
         text=_clean(text),
-        category=str(category) if category else None,
+        category=_category(record.get("category"), where),
         groups=_string_list(record.get("groups"), "groups", where),
         labels=_string_list(record.get("labels"), "labels", where),
-        metadata=metadata,
+        metadata=json_metadata(metadata, where),
         embedding=embedding,
     )
 
@@ -461,23 +643,59 @@ def _embedding(value: Any, where: str) -> npt.NDArray[np.float32] | None:
     return vector.astype(np.float32)
 
 
-def iter_jsonl(path: Path) -> Iterator[Document | LoadFailure]:
-    """One Document per line; a bad line becomes a LoadFailure (`path:line`) and reading goes on."""
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def _lines(handle: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
+    """The file's lines, read one at a time; a line over `max_bytes` is skipped unread (None)."""
+    while raw := handle.readline(max_bytes + 1):
+        if len(raw) > max_bytes and not raw.endswith(b"\n"):
+            while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
+                pass
+            yield None
+        else:
+            yield raw
+
+
+def _failure(exc: Exception, where: str, *, record: bool = False) -> LoadFailure:
+    """What a loader raised, as the failure of this file or JSONL line (`where`)."""
+    if isinstance(exc, IngestError):
+        reason = exc.message
+    elif isinstance(exc, RecursionError):
+        reason = f"{'invalid JSON' if record else 'cannot read'}: nested too deeply"
+    elif record and isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
+        reason = f"invalid JSON: {exc}"
+    else:  # a library's surprise is this file's failure, never the end of the run
+        reason = f"cannot read: {type(exc).__name__}: {exc}"
+    return LoadFailure(where, reason.removeprefix(f"{where}: "))
+
+
+def iter_jsonl(
+    path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> Iterator[Document | LoadFailure]:
+    """One Document per line, streamed; a bad line becomes a LoadFailure (`path:line`) and
+    reading goes on. `max_bytes` bounds each line, not the file."""
     try:
         handle = path.open("rb")
     except OSError as exc:
         yield LoadFailure(str(path), exc.strerror or str(exc))
         return
     with handle:
-        for number, raw in enumerate(handle, start=1):
+        for number, raw in enumerate(_lines(handle, max_bytes), start=1):
             where = f"{path}:{number}"
+            if raw is None:
+                yield LoadFailure(where, _too_large("line is longer than that", max_bytes))
+                continue
             if not raw.strip():
                 continue
             try:
-                yield document_from_record(json.loads(raw), where)
-            except (ValueError, IngestError) as exc:
-                reason = exc.message if isinstance(exc, IngestError) else f"invalid JSON: {exc}"
-                yield LoadFailure(where, reason.removeprefix(f"{where}: "))
+                record = json.loads(raw, parse_constant=_refuse_constant)
+                document = document_from_record(record, where)
+            except Exception as exc:
+                yield _failure(exc, where, record=True)
+                continue
+            yield document
 
 
 _LOADERS = {
@@ -488,17 +706,22 @@ _LOADERS = {
 }
 
 
-def iter_file(path: Path) -> Iterator[Document | LoadFailure]:
-    """The documents in one file (many for JSONL); failures are yielded, not raised."""
+def iter_file(
+    path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES
+) -> Iterator[Document | LoadFailure]:
+    """The documents in one file (many for JSONL); failures are yielded, not raised: whatever a
+    loader raises is this file's failure, never the end of the run."""
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        yield from iter_jsonl(path)
+        yield from iter_jsonl(path, max_bytes)
         return
     loader = _LOADERS.get(suffix)
     if loader is None:
         yield LoadFailure(str(path), f"unsupported file type {suffix or '(none)'!r}")
         return
     try:
-        yield loader(path)
-    except IngestError as exc:
-        yield LoadFailure(str(path), exc.message.removeprefix(f"{path}: "))
+        document = loader(path, max_bytes)
+    except Exception as exc:
+        yield _failure(exc, str(path))
+        return
+    yield document
