@@ -1,0 +1,315 @@
+"""Ingest survives any file: bad records and files fail alone, reads are bounded, names print
+safely. Real files in tmp dirs, the real MiniLM tokenizer; database tests use real PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from kbpg.chunking import Section, chunk_sections
+from kbpg.embedding import Embedder
+from kbpg.errors import InvalidInput
+from kbpg.loaders import MAX_METADATA_BYTES, Document, LoadFailure, iter_file
+from kbpg.sources import discover, iter_documents, parse_size, printable
+from tests.test_ingest_loaders import long_text
+
+DEEP_DIVS = 5000
+
+
+def deep_html(depth: int = DEEP_DIVS) -> str:
+    return (
+        "<html><head><title>Deep</title></head><body>"
+        + "<div>" * depth
+        + "<p>Treasure at the bottom of the nesting.</p>"
+        + "</div>" * depth
+        + "</body></html>"
+    )
+
+
+def jsonl(path: Path, lines: list[str]) -> Path:
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8", errors="surrogatepass")
+    return path
+
+
+# JSON text as a producer would write it: `\u0000` and `\ud800` are escapes in the file.
+BAD_RECORDS = [
+    json.dumps({"id": "good-1", "text": "First good record about parking."}),
+    '{"id": "nul-category", "text": "x", "category": "a\\u0000b"}',
+    '{"id": "nul-group", "text": "x", "groups": ["staff\\u0000"]}',
+    '{"id": "nul-metadata", "text": "Metadata record.", "metadata": {"k\\u0000": 1}}',
+    '{"id": "nul-metadata-value", "text": "Metadata value record.", "metadata": {"note": "a\\u0000b"}}',
+    '{"id": "surrogate-text", "text": "broken \\ud800 text about bins"}',
+    '{"id": "surrogate-group", "text": "x", "groups": ["\\udc80"]}',
+    '{"id": "deep", "text": "x", "metadata": ' + "[" * 100_000 + "]" * 100_000 + "}",
+    '{"id": "nan", "text": "x", "metadata": {"score": NaN}}',
+    json.dumps({"id": "good-2", "text": "Second good record about libraries."}),
+]
+
+
+def test_jsonl_bad_records_fail_alone_with_path_and_line(tmp_path: Path) -> None:
+    path = jsonl(tmp_path / "records.jsonl", BAD_RECORDS)
+    items = list(iter_file(path))
+    docs = {d.source: d for d in items if isinstance(d, Document)}
+    failures = {f.where: f.reason for f in items if isinstance(f, LoadFailure)}
+    assert sorted(docs) == [
+        "good-1",
+        "good-2",
+        "nul-metadata-value",
+        "surrogate-text",
+    ]
+    assert failures == {
+        f"{path}:2": "`category` 'a\\x00b' contains a NUL character",
+        f"{path}:3": "`groups` value 'staff\\x00' contains a NUL character",
+        f"{path}:4": "metadata key 'k\\x00' contains a NUL character",
+        f"{path}:7": "`groups` value '\\udc80' contains a lone surrogate (not UTF-8)",
+        f"{path}:8": "invalid JSON: nested too deeply",
+        f"{path}:9": "invalid JSON: NaN is not valid JSON",
+    }
+    # free text is cleaned, not refused: NUL dropped, a lone surrogate becomes U+FFFD
+    assert docs["nul-metadata-value"].metadata == {"note": "ab"}
+    assert docs["surrogate-text"].text == "broken \ufffd text about bins"
+
+
+def test_jsonl_is_streamed_and_an_overlong_line_fails_alone(tmp_path: Path) -> None:
+    path = jsonl(
+        tmp_path / "big.jsonl",
+        [
+            json.dumps({"id": "a", "text": "short"}),
+            json.dumps({"id": "b", "text": "y" * 5000}),
+            json.dumps({"id": "c", "text": "short too"}),
+        ],
+    )
+    items = list(iter_file(path, max_bytes=1000))
+    assert [i.source for i in items if isinstance(i, Document)] == ["a", "c"]
+    (failure,) = [i for i in items if isinstance(i, LoadFailure)]
+    assert failure.where == f"{path}:2"
+    assert failure.reason.startswith("line is longer than that, over the 1000 bytes limit")
+    assert "--max-file-size" in failure.reason and "KBPG_MAX_FILE_BYTES" in failure.reason
+
+
+def test_deeply_nested_html_is_read_not_a_recursion_error(tmp_path: Path) -> None:
+    path = tmp_path / "deep.html"
+    path.write_text(deep_html())
+    (doc,) = iter_file(path)
+    assert isinstance(doc, Document), doc
+    assert doc.title == "Deep"
+    assert doc.text == "Treasure at the bottom of the nesting."
+
+
+def test_front_matter_without_aliases_and_metadata_capped(tmp_path: Path) -> None:
+    laughs = (
+        "---\n"
+        'a: &a ["lol","lol","lol","lol","lol","lol","lol","lol","lol"]\n'
+        "b: &b [*a,*a,*a,*a,*a,*a,*a,*a,*a]\n"
+        "c: &c [*b,*b,*b,*b,*b,*b,*b,*b,*b]\n"
+        "d: &d [*c,*c,*c,*c,*c,*c,*c,*c,*c]\n"
+        "e: &e [*d,*d,*d,*d,*d,*d,*d,*d,*d]\n"
+        "f: &f [*e,*e,*e,*e,*e,*e,*e,*e,*e]\n"
+        "---\n# Laughs\n\nBody.\n"
+    )
+    (tmp_path / "laughs.md").write_text(laughs)
+    (tmp_path / "anchor.md").write_text("---\nx: &x 1\n---\nBody.\n")
+    (tmp_path / "deep.md").write_text("---\nx: " + "[" * 5000 + "\n---\nBody.\n")
+    (tmp_path / "huge.md").write_text(
+        "---\nnotes: [" + ", ".join(["word"] * (MAX_METADATA_BYTES // 7)) + "]\n---\nBody.\n"
+    )
+    (tmp_path / "nan.md").write_text("---\nscore: .nan\n---\nBody.\n")
+    (tmp_path / "bytes.md").write_text("---\nblob: !!binary aGVsbG8=\n---\nBody.\n")
+    (tmp_path / "group.md").write_text('---\ngroups: ["staff\\0"]\n---\nBody.\n')
+    for name, reason in [
+        ("laughs.md", "anchors and aliases are not allowed"),
+        ("anchor.md", "anchors and aliases are not allowed"),
+        ("deep.md", "invalid front matter: nested too deeply"),
+        ("huge.md", "metadata is 73.2 KiB as JSON, over the 64 KiB cap"),
+        ("nan.md", "metadata score is nan, which JSON cannot store"),
+        ("bytes.md", "metadata blob is a bytes, not a JSON value"),
+        ("group.md", "`groups` value 'staff\\x00' contains a NUL character"),
+    ]:
+        (failure,) = iter_file(tmp_path / name)
+        assert isinstance(failure, LoadFailure), name
+        assert failure.where == str(tmp_path / name)
+        assert reason in failure.reason, (name, failure.reason)
+    # dates become ISO strings (jsonb has no date type; they used to fail the whole batch)
+    (tmp_path / "dated.md").write_text("---\npublished: 2024-01-31\n---\nBody.\n")
+    (doc,) = iter_file(tmp_path / "dated.md")
+    assert isinstance(doc, Document)
+    assert doc.metadata == {"format": "markdown", "published": "2024-01-31"}
+
+
+def test_binary_content_is_refused_with_a_reason(tmp_path: Path) -> None:
+    controls = bytes(b for b in range(1, 32) if b not in b"\t\n\r\x0b\x0c") * 40
+    (tmp_path / "controls.md").write_bytes(controls)
+    (tmp_path / "nul.txt").write_bytes(b"text\x00with\x00nul\x00bytes")
+    (tmp_path / "ansi.txt").write_text("a log line \x1b[31mred\x1b[0m and more ordinary words\n")
+    (failure,) = iter_file(tmp_path / "controls.md")
+    assert isinstance(failure, LoadFailure)
+    assert failure.reason == "binary content (1040 control characters in the first 1040 characters), not text"
+    (failure,) = iter_file(tmp_path / "nul.txt")
+    assert isinstance(failure, LoadFailure)
+    assert failure.reason.startswith("binary content (NUL bytes), not text")
+    (doc,) = iter_file(tmp_path / "ansi.txt")  # a few escapes are still text
+    assert isinstance(doc, Document)
+
+
+def test_max_file_size_refuses_without_reading(tmp_path: Path) -> None:
+    path = tmp_path / "big.txt"
+    path.write_text(long_text(2000))
+    size = path.stat().st_size
+    (failure,) = iter_file(path, max_bytes=size - 1)
+    assert isinstance(failure, LoadFailure)
+    assert failure.where == str(path)
+    assert failure.reason.startswith(f"{size / 1024:.1f} KiB, over the ")
+    assert "raise it with --max-file-size or KBPG_MAX_FILE_BYTES" in failure.reason
+    (doc,) = iter_file(path, max_bytes=size)
+    assert isinstance(doc, Document)
+
+
+def test_a_huge_section_is_chunked_in_bounded_pieces(embedder: Embedder) -> None:
+    """A 300k-character section: every chunk fits the window, nothing is lost, no chunk
+    crosses a 64k piece boundary (the tokenizer never sees the whole section at once)."""
+    text = long_text(45_000)
+    assert len(text) > 300_000
+    chunks = chunk_sections([Section(("Big",), text)], embedder)
+    counts = embedder.count_tokens_batch([c.embed_text for c in chunks])
+    assert max(counts) <= embedder.max_tokens
+    covered = [False] * len(text)
+    for chunk in chunks:
+        assert text[chunk.start : chunk.end] == chunk.content
+        covered[chunk.start : chunk.end] = [True] * (chunk.end - chunk.start)
+    assert all(covered[i] for i, ch in enumerate(text) if not ch.isspace())
+
+
+def test_symlinks_leaving_the_roots_are_skipped_unless_followed(tmp_path: Path) -> None:
+    root = tmp_path / "kb"
+    (root / "sub").mkdir(parents=True)
+    outside = tmp_path / "secret" / "passwords.txt"
+    outside.parent.mkdir()
+    outside.write_text("hunter2")
+    (root / "own.md").write_text("# Own\n\ntext\n")
+    (root / "sub" / "inner.md").write_text("# Inner\n\ntext\n")
+    (root / "leak.txt").symlink_to(outside)
+    (root / "alias.md").symlink_to(root / "sub" / "inner.md")  # stays inside: read
+    (root / "secretdir").symlink_to(outside.parent, target_is_directory=True)
+    (root / "loop").symlink_to(root, target_is_directory=True)
+
+    found = list(discover([root], recursive=True))
+    paths = [f.relative_to(root).as_posix() for f in found if isinstance(f, Path)]
+    skipped = {f.where: f.reason for f in found if isinstance(f, LoadFailure)}
+    assert paths == ["alias.md", "own.md", "sub/inner.md"]
+    assert skipped == {
+        str(root / "leak.txt"): f"symlink to {outside}, outside the paths given; skipped "
+        "(--follow-symlinks reads it)",
+        str(root / "secretdir"): f"symlink to {outside.parent}, outside the paths given; "
+        "skipped (--follow-symlinks reads it)",
+    }
+    # asked for: followed (a symlink loop is walked once)
+    followed = [
+        f.relative_to(root).as_posix()
+        for f in discover([root], recursive=True, follow_symlinks=True)
+        if isinstance(f, Path)
+    ]
+    assert followed == [
+        "alias.md",
+        "leak.txt",
+        "own.md",
+        "secretdir/passwords.txt",
+        "sub/inner.md",
+    ]
+    # a file named on the command line is read wherever it points
+    assert list(discover([root / "leak.txt"])) == [root / "leak.txt"]
+
+
+def test_undecodable_file_name_is_refused_not_a_failed_batch(tmp_path: Path) -> None:
+    name = os.fsdecode(b"caf\xe9.md")
+    (tmp_path / name).write_text("# Cafe\n\ntext\n")
+    (failure,) = discover([tmp_path])
+    assert isinstance(failure, LoadFailure)
+    assert failure.reason == "the file name is not valid UTF-8; rename it"
+    assert printable(failure.where).endswith("caf\\udce9.md")
+
+
+def test_printable_escapes_what_could_forge_a_line() -> None:
+    assert printable("plain name.md") == "plain name.md"
+    assert printable("a\nskipped /etc/passwd: ok\tx\x1b[2J\u202e.md") == (
+        "a\\nskipped /etc/passwd: ok\\tx\\x1b[2J\\u202e.md"
+    )
+
+
+def test_parse_size() -> None:
+    assert parse_size("20MB") == 20_000_000
+    assert parse_size("20MiB") == 20 * 1024 * 1024
+    assert parse_size("1.5G") == 1_500_000_000
+    assert parse_size("1048576") == 1048576
+    for bad in ("lots", "0", "-5MB", "5 parsecs"):
+        with pytest.raises(InvalidInput):
+            parse_size(bad)
+
+
+def test_command_line_groups_with_nul_are_refused(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInput, match="group 'a\\\\x00' contains a NUL"):
+        list(iter_documents([tmp_path], groups=["a\x00"]))
+
+
+# -- into the database ------------------------------------------------------------------------
+
+
+def hostile_folder(root: Path, outside: Path) -> None:
+    """Every kind of bad input next to good files: the good ones must all be ingested."""
+    (root / "sub").mkdir(parents=True)
+    (root / "good.md").write_text("# Good\n\nRenew the parking permit online.\n")
+    (root / "deep.html").write_text(deep_html())
+    jsonl(root / "records.jsonl", BAD_RECORDS)
+    (root / "sub" / "dated.md").write_text("---\npublished: 2024-01-31\n---\n# Dated\n\nBins.\n")
+    (root / "sub" / "laughs.md").write_text("---\na: &a [1, 2]\nb: [*a, *a]\n---\nBody.\n")
+    (root / "sub" / "controls.md").write_bytes(bytes(range(1, 9)) * 100)
+    (root / "sub" / "leak.txt").symlink_to(outside)
+
+
+def test_hostile_folder_ingests_every_good_record(
+    db_url: str, tmp_path: Path, embedder: Embedder
+) -> None:
+    from kbpg.ingest import ingest_documents
+    from tests.test_ingest import rows
+
+    outside = tmp_path / "os-release"
+    outside.write_text("NAME=secret\n")
+    root = tmp_path / "kb"
+    hostile_folder(root, outside)
+    summary = ingest_documents(db_url, iter_documents([root], recursive=True), embedder)
+    records = root / "records.jsonl"
+    assert {f.where for f in summary.failures} == {
+        *(f"{records}:{n}" for n in (2, 3, 4, 7, 8, 9)),
+        str(root / "sub" / "laughs.md"),
+        str(root / "sub" / "controls.md"),
+        str(root / "sub" / "leak.txt"),
+    }
+    assert (summary.added, summary.failed) == (7, 9)
+    sources = [r[0] for r in rows(db_url, "select source from kb.documents order by source")]
+    assert sources == sorted(
+        [
+            str((root / "deep.html").resolve()),
+            str((root / "good.md").resolve()),
+            str((root / "sub" / "dated.md").resolve()),
+            "good-1",
+            "good-2",
+            "nul-metadata-value",
+            "surrogate-text",
+        ]
+    )
+    assert rows(db_url, "select metadata from kb.documents where source = 'nul-metadata-value'") == [
+        ({"note": "ab"},)
+    ]
+    assert rows(
+        db_url,
+        "select c.content from kb.chunks c join kb.documents d on d.id = c.document_id "
+        "where d.source = 'surrogate-text'",
+    ) == [("broken \ufffd text about bins",)]
+    assert rows(
+        db_url,
+        "select metadata->>'published' from kb.documents where source = %s",
+        (str((root / "sub" / "dated.md").resolve()),),
+    ) == [("2024-01-31",)]
+    assert not rows(db_url, "select 1 from kb.chunks where content like '%secret%'")
