@@ -26,7 +26,7 @@ from kbpg.contextual import ContextTally, contexts_for_document, with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import MAX_ENTITY_DOCUMENTS, extract_entities, refresh_edges
 from kbpg.errors import IngestError, InvalidInput
-from kbpg.loaders import Document, LoadFailure
+from kbpg.loaders import DEFAULT_MAX_FILE_BYTES, Document, LoadFailure
 from kbpg.models.chat import ChatClient
 from kbpg.sources import discover, iter_documents
 
@@ -609,15 +609,26 @@ def ingest_paths(
     batch_documents: int = BATCH_DOCUMENTS,
     index_progress: indexing.ProgressCallback | None = None,
     contextual: bool | None = None,
+    max_file_bytes: int = DEFAULT_MAX_FILE_BYTES,
+    follow_symlinks: bool = False,
 ) -> IngestSummary:
     """Ingest files and directories. With `prune`, documents whose files under these paths are
-    gone are removed (JSONL records are keyed by their ids and never pruned by path)."""
+    gone are removed (JSONL records are keyed by their ids and never pruned by path).
+    Files over `max_file_bytes` (JSONL: lines) and symlinks leaving `paths` (unless
+    `follow_symlinks`) are reported as failures; see kbpg.sources."""
     roots = [Path(p).expanduser() for p in paths]
     if not roots:
         raise InvalidInput("nothing to ingest", hint="give files or directories")
 
     items = iter_documents(
-        roots, recursive=recursive, glob=glob, groups=groups, category=category, labels=labels
+        roots,
+        recursive=recursive,
+        glob=glob,
+        groups=groups,
+        category=category,
+        labels=labels,
+        max_file_bytes=max_file_bytes,
+        follow_symlinks=follow_symlinks,
     )
     scopes = [str(r.resolve()) for r in roots if r.exists()]
 

@@ -11,6 +11,7 @@ import click
 from kbpg.config import Settings
 from kbpg.errors import KbpgError
 from kbpg.request import Option
+from kbpg.sources import printable
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
@@ -144,4 +145,4 @@ def print_rows(
     if items:
         click.echo("\t".join(header))
     for item in items:
-        click.echo("\t".join(fields(item)))
+        click.echo("\t".join(map(printable, fields(item))))

@@ -17,6 +17,7 @@ from kbpg.cli.common import (
     print_rows,
 )
 from kbpg.errors import KbpgError
+from kbpg.sources import printable
 
 
 class _ProgressLine:
@@ -33,7 +34,7 @@ class _ProgressLine:
 
         for failure in event.failures:
             self._clear()
-            click.echo(f"skipped {failure.where}: {failure.reason}", err=True)
+            click.echo(f"skipped {printable(failure.where)}: {printable(failure.reason)}", err=True)
         now = time.monotonic()
         if now - self.last < (0.2 if self.tty else 5.0):
             return
@@ -52,6 +53,24 @@ class _ProgressLine:
         if self.tty and self.written:
             click.echo("\r\x1b[K", nl=False, err=True)
             self.written = False
+
+
+def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
+    from kbpg.sources import parse_size
+
+    try:
+        return parse_size(str(value))
+    except KbpgError as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+def _duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from kbpg.config import parse_duration_ms
+
+    try:
+        return None if value is None else parse_duration_ms(value, "--lock-wait")
+    except KbpgError as exc:
+        raise click.BadParameter(exc.message) from None
 
 
 def _index_progress(event: Any) -> None:
@@ -98,6 +117,30 @@ def _summary_line(summary: Any) -> str:
     help="Have the chat model (KBPG_CHAT_*) situate each chunk in its document; the context "
     "is embedded and indexed for BM25.  [env var: KBPG_CONTEXTUAL; default: off]",
 )
+@click.option(
+    "--max-file-size",
+    "max_file_bytes",
+    metavar="SIZE",
+    envvar="KBPG_MAX_FILE_BYTES",
+    default="20MiB",
+    show_default=True,
+    callback=_size_option,
+    help="Refuse larger files (for .jsonl: longer lines), e.g. 64MiB; memory grows with it "
+    "[env: KBPG_MAX_FILE_BYTES].",
+)
+@click.option(
+    "--lock-wait",
+    "lock_wait_ms",
+    metavar="DURATION",
+    callback=_duration_option,
+    help="Give up after waiting this long for another writer (e.g. 30s, 10min; 0: at once) "
+    "[env: KBPG_WRITE_LOCK_WAIT; default: 60s].",
+)
+@click.option(
+    "--follow-symlinks",
+    is_flag=True,
+    help="Read symlinks that point outside PATHS (skipped and reported by default).",
+)
 @json_option
 @pass_app
 @handle_errors
@@ -113,6 +156,9 @@ def ingest(
     embedder_name: str | None,
     batch_size: int,
     contextual: bool | None,
+    max_file_bytes: int,
+    lock_wait_ms: int | None,
+    follow_symlinks: bool,
     as_json: bool,
 ) -> None:
     """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
@@ -121,11 +167,14 @@ def ingest(
     atomically. Markdown front matter may set title, category, groups and labels. Exit code 1
     when any file failed (the others are ingested).
     """
+    import dataclasses
     import json
 
     from kbpg.ingest import ingest_paths
 
     with app.knowledge_base(embedder_name) as kb:
+        if lock_wait_ms is not None:
+            kb.settings = dataclasses.replace(kb.settings, write_lock_wait_ms=lock_wait_ms)
         summary = ingest_paths(
             kb,
             list(paths),
@@ -139,6 +188,8 @@ def ingest(
             batch_documents=batch_size,
             index_progress=_index_progress,
             contextual=contextual,
+            max_file_bytes=max_file_bytes,
+            follow_symlinks=follow_symlinks,
         )
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", nl=False, err=True)
