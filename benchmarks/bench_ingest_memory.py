@@ -1,11 +1,11 @@
 """Peak memory (RSS) of `kbpg ingest` on one large text file (not a test; prints numbers).
 
 A throwaway embedded PostgreSQL (temp dir) is migrated; a text file of --mb megabytes of
-English-like prose (sentences of 8-20 words from a 20k-word Zipfian vocabulary, paragraphs of
-3-7 sentences, no headings: one section, the worst case for the chunker) is written; then the
-real `kbpg ingest FILE --max-file-size ...` runs as a child process with the real MiniLM and
-its peak RSS is read from the kernel (wait4's ru_maxrss), with the wall time and the chunks
-written. Target (issue 14): under 1 GB for 50 MB.
+English-like prose is written (sentences of 8-20 words from a 20k-word Zipfian vocabulary,
+paragraphs of 3-7 sentences drawn from a pool of 4,000; no headings: one section, the worst
+case for the chunker); then the real `kbpg ingest FILE --max-file-size ...` runs as a child
+process and its peak RSS is read from the kernel (wait4's ru_maxrss), with the wall time and
+the chunks written. Target (issue 14): under 1 GB for 50 MB.
 
 50 MB of prose is ~100k chunks: MiniLM embeds ~10-30 a second on 2 shared cores (hours), so
 by default the vectors come from a local OpenAI-compatible stub server (deterministic hashed
@@ -46,21 +46,67 @@ KBPG = str(Path(sys.executable).parent / "kbpg")
 def write_prose(path: Path, megabytes: float, seed: int) -> int:
     rng = random.Random(seed)
     syllables = ["ka", "lo", "mi", "ru", "te", "so", "van", "dre", "pul", "nix", "bor", "gel"]
-    common = ["the", "of", "and", "to", "a", "in", "is", "it", "that", "for", "on", "was", "with", "as", "be", "by", "at", "this", "are", "from", "or", "have", "an", "which", "one", "you", "were", "all", "we", "can", "her", "has", "there", "been", "if", "more", "when", "will", "would", "who", "so", "no"]
+    common = [
+        "the",
+        "of",
+        "and",
+        "to",
+        "a",
+        "in",
+        "is",
+        "it",
+        "that",
+        "for",
+        "on",
+        "was",
+        "with",
+        "as",
+        "be",
+        "by",
+        "at",
+        "this",
+        "are",
+        "from",
+        "or",
+        "have",
+        "an",
+        "which",
+        "one",
+        "you",
+        "were",
+        "all",
+        "we",
+        "can",
+        "her",
+        "has",
+        "there",
+        "been",
+        "if",
+        "more",
+        "when",
+        "will",
+        "would",
+        "who",
+        "so",
+        "no",
+    ]
     rare = ["".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) for _ in range(20000)]
     weights = [1.0 / (rank + 1) for rank in range(len(rare))]
+    paragraphs = []
+    for _ in range(4000):  # a pool of paragraphs, drawn in random order (fast to write)
+        sentences = []
+        for _ in range(rng.randint(3, 7)):
+            words = [
+                rng.choice(common) if rng.random() < 0.45 else w
+                for w in rng.choices(rare, weights, k=rng.randint(8, 20))
+            ]
+            sentences.append(" ".join(words).capitalize() + ".")
+        paragraphs.append(" ".join(sentences) + "\n\n")
     target = int(megabytes * 1_000_000)
     written = 0
     with path.open("w", encoding="utf-8") as out:
         while written < target:
-            sentences = []
-            for _ in range(rng.randint(3, 7)):
-                words = [
-                    rng.choice(common) if rng.random() < 0.45 else w
-                    for w in rng.choices(rare, weights, k=rng.randint(8, 20))
-                ]
-                sentences.append(" ".join(words).capitalize() + ".")
-            paragraph = " ".join(sentences) + "\n\n"
+            paragraph = rng.choice(paragraphs)
             out.write(paragraph)
             written += len(paragraph)
     return path.stat().st_size

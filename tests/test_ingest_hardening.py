@@ -9,11 +9,16 @@ from pathlib import Path
 
 import pytest
 
+from kbpg.app import KnowledgeBase
 from kbpg.chunking import Section, chunk_sections
 from kbpg.embedding import Embedder
 from kbpg.errors import InvalidInput
+from kbpg.ingest import ingest_paths
 from kbpg.loaders import MAX_METADATA_BYTES, Document, LoadFailure, iter_file
 from kbpg.sources import discover, iter_documents, parse_size, printable
+from tests.helpers import run_kbpg
+from tests.test_ingest import kb as kb  # the fixture
+from tests.test_ingest import rows
 from tests.test_ingest_loaders import long_text
 
 DEEP_DIVS = 5000
@@ -146,7 +151,10 @@ def test_binary_content_is_refused_with_a_reason(tmp_path: Path) -> None:
     (tmp_path / "ansi.txt").write_text("a log line \x1b[31mred\x1b[0m and more ordinary words\n")
     (failure,) = iter_file(tmp_path / "controls.md")
     assert isinstance(failure, LoadFailure)
-    assert failure.reason == "binary content (1040 control characters in the first 1040 characters), not text"
+    assert (
+        failure.reason
+        == "binary content (1040 control characters in the first 1040 characters), not text"
+    )
     (failure,) = iter_file(tmp_path / "nul.txt")
     assert isinstance(failure, LoadFailure)
     assert failure.reason.startswith("binary content (NUL bytes), not text")
@@ -269,16 +277,13 @@ def hostile_folder(root: Path, outside: Path) -> None:
 
 
 def test_hostile_folder_ingests_every_good_record(
-    db_url: str, tmp_path: Path, embedder: Embedder
+    db_url: str, kb: KnowledgeBase, tmp_path: Path
 ) -> None:
-    from kbpg.ingest import ingest_documents
-    from tests.test_ingest import rows
-
     outside = tmp_path / "os-release"
     outside.write_text("NAME=secret\n")
     root = tmp_path / "kb"
     hostile_folder(root, outside)
-    summary = ingest_documents(db_url, iter_documents([root], recursive=True), embedder)
+    summary = ingest_paths(kb, [root], recursive=True)
     records = root / "records.jsonl"
     assert {f.where for f in summary.failures} == {
         *(f"{records}:{n}" for n in (2, 3, 4, 7, 8, 9)),
@@ -299,9 +304,9 @@ def test_hostile_folder_ingests_every_good_record(
             "surrogate-text",
         ]
     )
-    assert rows(db_url, "select metadata from kb.documents where source = 'nul-metadata-value'") == [
-        ({"note": "ab"},)
-    ]
+    assert rows(
+        db_url, "select metadata from kb.documents where source = 'nul-metadata-value'"
+    ) == [({"note": "ab"},)]
     assert rows(
         db_url,
         "select c.content from kb.chunks c join kb.documents d on d.id = c.document_id "
@@ -313,3 +318,64 @@ def test_hostile_folder_ingests_every_good_record(
         (str((root / "sub" / "dated.md").resolve()),),
     ) == [("2024-01-31",)]
     assert not rows(db_url, "select 1 from kb.chunks where content like '%secret%'")
+
+
+# -- command line -----------------------------------------------------------------------------
+
+
+def test_cli_file_names_cannot_forge_lines(tmp_path: Path, cli_env: dict[str, str]) -> None:
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "evil\nskipped passwords: forged.md").write_bytes(bytes(range(1, 9)) * 50)
+    (root / "good\nname.md").write_text("Renew the parking permit online.\n")
+    result = run_kbpg("ingest", str(root), env=cli_env)
+    assert result.returncode == 1, result.stderr
+    lines = result.stderr.splitlines()
+    skipped = [line for line in lines if line.startswith("skipped ")]
+    assert skipped == [
+        f"skipped {root}/evil\\nskipped passwords: forged.md: binary content "
+        "(400 control characters in the first 400 characters), not text"
+    ]
+    assert "added 1, updated 0, unchanged 0, removed 0, failed 1" in result.stderr
+    listed = run_kbpg("documents", "list", env=cli_env)
+    assert listed.returncode == 0, listed.stderr
+    source = (root / "good\nname.md").resolve()
+    assert listed.stdout.splitlines() == [
+        "source\ttitle\tcategory\tgroups\tchunks",
+        f"{printable(str(source))}\tgood\\nname\t\t\t1",
+    ]
+    assert printable(str(source)).endswith("/good\\nname.md")
+    # JSON keeps the real name (escaped by JSON itself)
+    (doc,) = json.loads(run_kbpg("documents", "list", "--json", env=cli_env).stdout)
+    assert doc["source"] == str(source)
+
+
+def test_cli_max_file_size_flag_env_and_follow_symlinks(
+    tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "big.txt").write_text("Parking permits are renewed online every year. " * 64)
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text("# Elsewhere\n\nBulky waste is collected on Saturdays.\n")
+    (root / "link.md").symlink_to(outside)
+
+    small = run_kbpg("ingest", str(root), "--max-file-size", "1KiB", env=cli_env)
+    assert small.returncode == 1
+    assert [line for line in small.stderr.splitlines() if line.startswith("skipped")] == [
+        f"skipped {root}/big.txt: 2.9 KiB, over the 1 KiB limit "
+        "(raise it with --max-file-size or KBPG_MAX_FILE_BYTES)",
+        f"skipped {root}/link.md: symlink to {outside}, outside the paths given; skipped "
+        "(--follow-symlinks reads it)",
+    ]
+    assert "added 0, updated 0, unchanged 0, removed 0, failed 2" in small.stderr
+
+    raised = run_kbpg(
+        "ingest", str(root), "--follow-symlinks", env={**cli_env, "KBPG_MAX_FILE_BYTES": "1MB"}
+    )
+    assert raised.returncode == 0, raised.stderr
+    assert "added 2, updated 0, unchanged 0, removed 0, failed 0" in raised.stderr
+
+    bad = run_kbpg("ingest", str(root), "--max-file-size", "lots", env=cli_env)
+    assert bad.returncode == 2
+    assert "Invalid value for '--max-file-size': 'lots' is not a size" in bad.stderr
