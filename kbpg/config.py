@@ -17,6 +17,9 @@ WRITE_STATEMENT_TIMEOUT_MS = 0  # ingest batches and reembed on big corpora run 
 LOCK_TIMEOUT_MS = 10_000
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 300_000
 POOL_TIMEOUT_MS = 10_000
+# A second writer (ingest, delete, reembed) waits this long for the first one, then gives up:
+# long enough for a small ingest to finish, short enough that a cron job does not pile up.
+WRITE_LOCK_WAIT_MS = 60_000
 
 
 def _env(name: str) -> str | None:
@@ -65,18 +68,20 @@ _DURATION = re.compile(r"(\d+)\s*(ms|s|min|h)?")
 _UNIT_MS = {"ms": 1, "s": 1000, "min": 60_000, "h": 3_600_000}
 
 
-def _env_duration_ms(name: str, default: int, minimum: int = 0) -> int:
+def parse_duration_ms(raw: str, name: str, minimum: int = 0) -> int:
     """A duration in PostgreSQL's spelling (`30s`, `500ms`, `2min`; a bare number is ms)."""
-    raw = _env(name)
-    if raw is None:
-        return default
-    match = _DURATION.fullmatch(raw.lower())
+    match = _DURATION.fullmatch(raw.strip().lower())
     if match is None:
         raise ConfigError(f"{name}={raw!r} is not a duration", hint="use e.g. 30s, 500ms, 2min")
     value = int(match.group(1)) * _UNIT_MS[match.group(2) or "ms"]
     if value < minimum:
         raise ConfigError(f"{name}={raw!r} must be at least {minimum} ms")
     return value
+
+
+def _env_duration_ms(name: str, default: int, minimum: int = 0) -> int:
+    raw = _env(name)
+    return default if raw is None else parse_duration_ms(raw, name, minimum)
 
 
 # libpq URLs may hold commas themselves (postgresql://h1,h2/db): split before a scheme only
@@ -122,6 +127,7 @@ class Settings:
     pool_timeout_s: float = POOL_TIMEOUT_MS / 1000
     # read replicas of database_url (KBPG_READ_URL): searches go there, writes never
     read_urls: tuple[str, ...] = ()
+    write_lock_wait_ms: int = WRITE_LOCK_WAIT_MS
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -148,6 +154,7 @@ class Settings:
             ),
             pool_timeout_s=_env_duration_ms("KBPG_POOL_TIMEOUT", POOL_TIMEOUT_MS, minimum=1) / 1000,
             read_urls=parse_read_urls(os.environ.get("KBPG_READ_URL")),
+            write_lock_wait_ms=_env_duration_ms("KBPG_WRITE_LOCK_WAIT", WRITE_LOCK_WAIT_MS),
         )
 
 

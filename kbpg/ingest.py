@@ -6,6 +6,7 @@ import contextlib
 import hashlib
 import itertools
 import json
+import logging
 import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -25,10 +26,12 @@ from kbpg.chunking import Chunk, chunk_sections
 from kbpg.contextual import ContextTally, contexts_for_document, with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import MAX_ENTITY_DOCUMENTS, extract_entities, refresh_edges
-from kbpg.errors import IngestError, InvalidInput
+from kbpg.errors import Busy, IngestError, InvalidInput
 from kbpg.loaders import DEFAULT_MAX_FILE_BYTES, Document, LoadFailure
 from kbpg.models.chat import ChatClient
-from kbpg.sources import discover, iter_documents
+from kbpg.sources import discover, iter_documents, printable
+
+_log = logging.getLogger(__name__)
 
 __all__ = [
     "MAX_ENTITY_DOCUMENTS",
@@ -211,6 +214,8 @@ def _vectors(prepared: Sequence[_Prepared], embedder: Embedder) -> np.ndarray[An
         if p.document.embedding is None
         for i, c in enumerate(p.chunks)
     ]
+    if all(p.document.embedding is None for p in prepared):  # no copy of 100k rows to stack
+        return embedder.embed_documents(texts)
     embedded = iter(embedder.embed_documents(texts))
     rows = [
         p.document.embedding if p.document.embedding is not None else next(embedded)
@@ -248,7 +253,7 @@ def writer(kb: KnowledgeBase, principal: Principal | None = None) -> Iterator[Co
     with kb.connection(write=True) as conn:
         with kb.transaction(conn, principal, write=True):
             kdb.require_schema(conn)
-        conn.execute(queries.WRITE_LOCK, (WRITE_LOCK_KEY,))
+        _wait_for_write_lock(conn, kb.settings.write_lock_wait_ms)
         try:
             yield conn
         finally:
@@ -268,6 +273,36 @@ def _release_write_lock(conn: Connection) -> None:
         conn.close()
 
 
+def _wait_for_write_lock(conn: Connection, wait_ms: int) -> None:
+    """Take the write lock; while another writer holds it say so (on stderr through logging)
+    and give up after `wait_ms` (KBPG_WRITE_LOCK_WAIT, `kbpg ingest --lock-wait`)."""
+    row = conn.execute(queries.WRITE_TRY_LOCK, (WRITE_LOCK_KEY,)).fetchone()
+    if row is not None and row[0]:
+        return
+    holder = conn.execute(queries.WRITE_LOCK_HOLDER, (WRITE_LOCK_KEY,)).fetchone()
+    who = "another kbpg writer"
+    if holder is not None:
+        pid, app, since = holder
+        who += f" (PostgreSQL backend pid {pid}"
+        who += f", application {printable(app)!r}" if app else ""
+        who += f", connected since {since:%Y-%m-%d %H:%M:%S %Z}" if since else ""
+        who += ")"
+    waited = f"{wait_ms / 1000:g} s"
+    busy = Busy(
+        f"{who} holds kbpg's write lock; gave up after waiting {waited}",
+        hint="let it finish, or wait longer with --lock-wait (KBPG_WRITE_LOCK_WAIT), e.g. 10min",
+    )
+    if wait_ms <= 0:
+        raise busy
+    _log.warning("waiting up to %s for the write lock held by %s", waited, who)
+    try:
+        with conn.transaction():
+            conn.execute(queries.WRITE_LOCK_WAIT, (f"{wait_ms}ms",))
+            conn.execute(queries.WRITE_LOCK, (WRITE_LOCK_KEY,))
+    except psycopg.errors.LockNotAvailable:
+        raise busy from None
+
+
 def _refresh_lexical_index(
     kb: KnowledgeBase, conn: Connection, principal: Principal | None
 ) -> None:
@@ -285,6 +320,28 @@ def _register_space(
 
 
 # -- writing ----------------------------------------------------------------------------------
+
+
+# SQLSTATE classes one document's data can cause (data exception, integrity constraint, a
+# program limit such as an index row too large); anything else (connection, privileges,
+# timeouts, a read-only server, kbpg's own KB states) stops the run.
+_DOCUMENT_STATES = ("22", "23", "54")
+
+
+def _document_error(exc: Exception) -> bool:
+    """Whether a failed write can be blamed on a document rather than on the run."""
+    if isinstance(exc, psycopg.Error):
+        state = exc.sqlstate
+        if state is None:  # refused by psycopg itself while adapting a value (e.g. NUL)
+            return isinstance(exc, psycopg.DataError)
+        return state[:2] in _DOCUMENT_STATES
+    return isinstance(exc, ValueError | TypeError)  # UnicodeEncodeError, JSON dumps, ...
+
+
+def _reason(exc: Exception) -> str:
+    if isinstance(exc, psycopg.Error) and exc.diag.message_primary:
+        return exc.diag.message_primary
+    return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
 class _Run:
@@ -371,6 +428,9 @@ class _Run:
             except IngestError as exc:
                 self.fail(LoadFailure(document.source, exc.message))
                 continue
+            except Exception as exc:  # whatever chunking raises fails this document only
+                self.fail(LoadFailure(document.source, f"{type(exc).__name__}: {exc}"))
+                continue
             if not item.chunks:
                 self.fail(LoadFailure(document.source, "no text to index"))
                 continue
@@ -391,8 +451,15 @@ class _Run:
         vectors = _vectors(prepared, self.embedder)
         t3 = time.perf_counter()
         if prepared:
-            with self.transaction():
-                self._write(prepared, vectors)
+            edges = self.summary.edges
+            try:
+                with self.transaction():
+                    self._write(prepared, vectors)
+            except Exception as exc:
+                if not _document_error(exc):
+                    raise
+                self.summary.edges = edges
+                prepared = self._write_each(prepared, vectors)
         t4 = time.perf_counter()
         self.summary.prepare_s += t2 - t1
         self.summary.embed_s += t3 - t2
@@ -404,6 +471,31 @@ class _Run:
                 self.summary.updated += 1
             self.summary.chunks += len(item.chunks)
         self.report()
+
+    def _write_each(
+        self, prepared: list[_Prepared], vectors: np.ndarray[Any, Any]
+    ) -> list[_Prepared]:
+        """After a batch write failed on some document's data: each document in a transaction
+        of its own, so only the bad ones are skipped (reported with the database's reason)."""
+        written: list[_Prepared] = []
+        row = 0
+        for item in prepared:
+            rows = slice(row, row + len(item.chunks))
+            row = rows.stop
+            if item.is_new:
+                item.existing_id = None  # the id the rolled-back batch gave it is gone
+            edges = self.summary.edges
+            try:
+                with self.transaction():
+                    self._write([item], vectors[rows])
+            except Exception as exc:
+                if not _document_error(exc):
+                    raise
+                self.summary.edges = edges
+                self.fail(LoadFailure(item.document.source, f"not stored: {_reason(exc)}"))
+                continue
+            written.append(item)
+        return written
 
     def transaction(self) -> contextlib.AbstractContextManager[Connection]:
         return self.kb.transaction(self.conn, self.principal, write=True)

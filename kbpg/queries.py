@@ -65,6 +65,18 @@ def local_settings(role: str | None, timeouts: dict[str, int]) -> sql.Composed:
 # Serialises kbpg writers (ingest, delete, reembed) on one database; a session-level lock,
 # released when the connection ends, even on kill.
 WRITE_LOCK: Final = "select pg_catalog.pg_advisory_lock(%s)"
+WRITE_TRY_LOCK: Final = "select pg_catalog.pg_try_advisory_lock(%s)"
+# Waiting for the write lock gives up after this (ms); local to the transaction that waits.
+WRITE_LOCK_WAIT: Final = "select pg_catalog.set_config('lock_timeout', %s, true)"
+# Who holds it (a bigint key below 2^32 is classid 0, objid key, objsubid 1).
+WRITE_LOCK_HOLDER: Final = """
+select a.pid, a.application_name, a.backend_start
+  from pg_catalog.pg_locks l
+  left join pg_catalog.pg_stat_activity a on a.pid = l.pid
+ where l.locktype = 'advisory' and l.granted and l.classid = 0 and l.objid = %s
+   and l.objsubid = 1
+ limit 1
+"""
 WRITE_UNLOCK: Final = "select pg_catalog.pg_advisory_unlock(%s)"
 SET_EMBEDDING_SPACE: Final = (
     "select kb.set_embedding_space(model_name => %s, vector_dimension => %s)"

@@ -16,7 +16,7 @@ from kbpg.errors import InvalidInput
 from kbpg.ingest import ingest_paths
 from kbpg.loaders import MAX_METADATA_BYTES, Document, LoadFailure, iter_file
 from kbpg.sources import discover, iter_documents, parse_size, printable
-from tests.helpers import run_kbpg
+from tests.helpers import KBPG, run_kbpg
 from tests.test_ingest import kb as kb  # the fixture
 from tests.test_ingest import rows
 from tests.test_ingest_loaders import long_text
@@ -379,3 +379,81 @@ def test_cli_max_file_size_flag_env_and_follow_symlinks(
     bad = run_kbpg("ingest", str(root), "--max-file-size", "lots", env=cli_env)
     assert bad.returncode == 2
     assert "Invalid value for '--max-file-size': 'lots' is not a size" in bad.stderr
+
+
+def test_a_failed_batch_write_retries_documents_one_by_one(db_url: str, kb: KnowledgeBase) -> None:
+    """Documents from the Python API skip the loaders' checks: the database refuses them.
+    Only those are skipped; the good documents of the same batch are stored."""
+    import datetime
+    import secrets
+
+    from kbpg.ingest import ingest_documents
+
+    long_id = secrets.token_hex(4000)  # 8,000 random characters: no btree index row fits
+    docs = [
+        Document(source="good-1", title="Permits", text="Renew the parking permit online."),
+        Document(source=long_id, title="Long", text="An id too long for the source index."),
+        Document(source="nul-group", title="G", text="Group with NUL.", groups=["a\x00"]),
+        Document(
+            source="dated",
+            title="D",
+            text="Metadata with a date.",
+            metadata={"at": datetime.date(2024, 1, 31)},
+        ),
+        Document(source="good-2", title="Bins", text="Bins are collected on Mondays."),
+    ]
+    summary = ingest_documents(kb, docs, batch_documents=10)
+    assert (summary.added, summary.failed) == (2, 3)
+    reasons = {f.where: f.reason for f in summary.failures}
+    assert reasons[long_id].startswith("not stored: index row size")
+    assert reasons["nul-group"].startswith("not stored: ")
+    assert "NUL" in reasons["nul-group"]
+    assert reasons["dated"] == (
+        "not stored: TypeError: Object of type date is not JSON serializable"
+    )
+    assert rows(db_url, "select source from kb.documents order by source") == [
+        ("good-1",),
+        ("good-2",),
+    ]
+    assert summary.chunks == rows(db_url, "select count(*) from kb.chunks")[0][0] == 2
+
+
+def test_a_second_ingest_says_what_it_waits_for_and_gives_up(
+    db_url: str, tmp_path: Path, cli_env: dict[str, str]
+) -> None:
+    import subprocess
+
+    import psycopg
+
+    from kbpg.ingest import WRITE_LOCK_KEY
+
+    (tmp_path / "doc.md").write_text("# Permits\n\nRenew the parking permit online.\n")
+    with psycopg.connect(db_url, autocommit=True, application_name="first-writer") as holder:
+        holder.execute("select pg_advisory_lock(%s)", (WRITE_LOCK_KEY,))
+        pid = holder.info.backend_pid
+        gave_up = run_kbpg("ingest", str(tmp_path), "--lock-wait", "2s", env=cli_env)
+        assert gave_up.returncode == 1, gave_up.stderr
+        who = f"another kbpg writer (PostgreSQL backend pid {pid}, application 'first-writer', "
+        lines = gave_up.stderr.splitlines()
+        assert lines[0].startswith(f"waiting up to 2 s for the write lock held by {who}")
+        assert lines[1].startswith(f"Error: {who}")
+        assert lines[1].endswith(") holds kbpg's write lock; gave up after waiting 2 s")
+        assert lines[2] == (
+            "Hint: let it finish, or wait longer with --lock-wait (KBPG_WRITE_LOCK_WAIT), "
+            "e.g. 10min"
+        )
+        assert rows(db_url, "select count(*) from kb.documents") == [(0,)]
+        # the first writer finishes while the second waits: the second goes on
+        waiting = subprocess.Popen(
+            [KBPG, "ingest", str(tmp_path)],
+            env={**cli_env, "KBPG_WRITE_LOCK_WAIT": "2min"},
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert waiting.stderr is not None
+        first = waiting.stderr.readline()
+        assert first.startswith(f"waiting up to 120 s for the write lock held by {who}")
+        holder.execute("select pg_advisory_unlock_all()")
+        rest = waiting.stderr.read()
+        assert waiting.wait(timeout=300) == 0, rest
+        assert "added 1," in rest
