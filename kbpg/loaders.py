@@ -249,8 +249,9 @@ def _document(
         sections = tuple(
             replace(s, path=tuple(map(_clean, s.path)), text=_clean(s.text)) for s in sections
         )
-    text = "\n\n".join(s.text.strip() for s in sections)
-    if not text.strip():
+    # one section (a text file): its string is the document's text, not a stripped copy
+    text = sections[0].text if len(sections) == 1 else "\n\n".join(s.text.strip() for s in sections)
+    if not text or text.isspace():
         raise IngestError(f"{path}: no text to index")
     meta = json_metadata({"format": fmt, **(metadata or {})}, str(path))
     return Document(
