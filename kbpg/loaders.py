@@ -373,7 +373,10 @@ def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
     try:
         data = yaml.load(raw, Loader=_no_alias_loader()) or {}
     except yaml.YAMLError as exc:
-        raise IngestError(f"{where}: invalid front matter: {exc}") from exc
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        at = f" (front matter line {mark.line + 1})" if mark is not None else ""
+        raise IngestError(f"{where}: invalid front matter: {problem}{at}") from exc
     except RecursionError:
         raise IngestError(f"{where}: invalid front matter: nested too deeply") from None
     except ValueError as exc:  # an integer of more digits than Python converts
