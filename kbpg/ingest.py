@@ -27,7 +27,8 @@ from kbpg.contextual import ContextTally, contexts_for_document, with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import MAX_ENTITY_DOCUMENTS, extract_entities, refresh_edges
 from kbpg.errors import Busy, IngestError, InvalidInput
-from kbpg.loaders import DEFAULT_MAX_FILE_BYTES, Document, LoadFailure
+from kbpg.limits import DEFAULT_MAX_FILE_BYTES
+from kbpg.loaders import Document, LoadFailure
 from kbpg.models.chat import ChatClient
 from kbpg.sources import discover, iter_documents, printable
 

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import datetime
 import functools
 import json
-import math
-import os
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -19,6 +16,20 @@ import numpy.typing as npt
 
 from kbpg.chunking import Link, Section
 from kbpg.errors import IngestError
+from kbpg.limits import (
+    BINARY_SNIFF_BYTES,
+    DEFAULT_MAX_FILE_BYTES,
+    MAX_METADATA_BYTES,
+    SURROGATE,
+    check_name,
+    check_not_binary,
+    clean_text,
+    human_bytes,
+    json_metadata,
+    read_limited,
+    too_large,
+    yaml_loader,
+)
 
 TEXT_SUFFIXES = frozenset({".txt", ".text"})
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
@@ -28,22 +39,6 @@ JSONL_SUFFIXES = frozenset({".jsonl"})
 SUPPORTED_SUFFIXES = (
     TEXT_SUFFIXES | MARKDOWN_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES | JSONL_SUFFIXES
 )
-
-# A whole-file loader holds the file, its text and its chunks in memory at once (about 12x the
-# file's size at peak, measured by benchmarks/bench_ingest_memory.py), so files are refused
-# above this size; a JSONL file is read line by line and the limit applies to each line.
-DEFAULT_MAX_FILE_BYTES = 20 * 1024 * 1024
-# Front matter and JSONL `metadata`, serialised as JSON, are refused above this size (a
-# document's metadata is stored once per document and returned with every search hit).
-MAX_METADATA_BYTES = 64 * 1024
-_MAX_METADATA_DEPTH = 32
-# Binary content: a NUL byte in the first 8 KiB (git's and grep's test), or more than this
-# share of control characters other than whitespace in the first 64 Ki characters.
-_BINARY_SNIFF_BYTES = 8192
-_CONTROL_SAMPLE = 65536
-_MAX_CONTROL_SHARE = 0.10
-_CONTROL = re.compile(r"[\x00-\x08\x0e-\x1f\x7f-\x9f]")
-_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 @dataclass(frozen=True)
@@ -80,66 +75,8 @@ class LoadFailure:
     reason: str
 
 
-def _clean(text: str) -> str:
-    """Free text PostgreSQL can store: NUL removed (PDF extraction and JSON `\\u0000` yield it),
-    lone surrogates (from JSON escapes or a bad encoder) replaced by U+FFFD, length kept."""
-    text = text.replace("\x00", "")
-    return _SURROGATE.sub("\ufffd", text) if _SURROGATE.search(text) else text
-
-
-def check_name(value: str, what: str, where: str) -> str:
-    """A key or filter value (id, category, group, label, metadata key) is stored as given or
-    refused: silently changing a group name would change who may read the document."""
-    if "\x00" in value:
-        raise IngestError(f"{where}: {what} {value[:40]!r} contains a NUL character")
-    if _SURROGATE.search(value):
-        raise IngestError(f"{where}: {what} {value[:40]!r} contains a lone surrogate (not UTF-8)")
-    return value
-
-
-def check_not_binary(text: str, where: str) -> None:
-    """Refuse text that is mostly control characters (a binary file with a text file's name)."""
-    sample = text[:_CONTROL_SAMPLE]
-    controls = len(_CONTROL.findall(sample))
-    if controls > 8 and controls > len(sample) * _MAX_CONTROL_SHARE:
-        raise IngestError(
-            f"{where}: binary content ({controls} control characters in the first "
-            f"{len(sample)} characters), not text"
-        )
-
-
 def _title_from_path(path: Path) -> str:
-    return _clean(re.sub(r"[_-]+", " ", path.stem).strip() or path.name)
-
-
-def human_bytes(size: int) -> str:
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}".replace(".0 ", " ")
-    return f"{size} bytes"
-
-
-def _too_large(size: str, max_bytes: int) -> str:
-    return (
-        f"{size}, over the {human_bytes(max_bytes)} limit "
-        "(raise it with --max-file-size or KBPG_MAX_FILE_BYTES)"
-    )
-
-
-def read_limited(path: Path, max_bytes: int) -> bytes:
-    """The file's bytes, refused without reading it when it is over `max_bytes` (and never more
-    than `max_bytes` + 1 bytes read, whatever its size claims)."""
-    try:
-        with path.open("rb") as handle:
-            size = os.fstat(handle.fileno()).st_size
-            if size > max_bytes:
-                raise IngestError(f"{path}: {_too_large(human_bytes(size), max_bytes)}")
-            data = handle.read(max_bytes + 1)
-    except OSError as exc:
-        raise IngestError(f"{path}: {exc.strerror or exc}") from exc
-    if len(data) > max_bytes:
-        raise IngestError(f"{path}: {_too_large('larger than that', max_bytes)}")
-    return data
+    return clean_text(re.sub(r"[_-]+", " ", path.stem).strip() or path.name)
 
 
 def _read_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> str:
@@ -148,14 +85,14 @@ def _read_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> str:
         text = data.decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise IngestError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from exc
-    if b"\x00" in data[:_BINARY_SNIFF_BYTES]:
+    if b"\x00" in data[:BINARY_SNIFF_BYTES]:
         raise IngestError(
             f"{path}: binary content (NUL bytes), not text "
             "(UTF-16 text must be converted to UTF-8 first)"
         )
     del data
     check_not_binary(text, str(path))
-    return _clean(text)
+    return clean_text(text)
 
 
 def resolve_link(href: str, base: Path, own_source: str) -> Link | None:
@@ -245,9 +182,10 @@ def _document(
     labels: Sequence[str] = (),
     metadata: Mapping[str, Any] | None = None,
 ) -> Document:
-    if any(_SURROGATE.search(s.text) or any(map(_SURROGATE.search, s.path)) for s in sections):
+    if any(SURROGATE.search(s.text) or any(map(SURROGATE.search, s.path)) for s in sections):
         sections = tuple(
-            replace(s, path=tuple(map(_clean, s.path)), text=_clean(s.text)) for s in sections
+            replace(s, path=tuple(map(clean_text, s.path)), text=clean_text(s.text))
+            for s in sections
         )
     # one section (a text file): its string is the document's text, not a stripped copy
     text = sections[0].text if len(sections) == 1 else "\n\n".join(s.text.strip() for s in sections)
@@ -256,7 +194,7 @@ def _document(
     meta = json_metadata({"format": fmt, **(metadata or {})}, str(path))
     return Document(
         source=str(path.resolve()),
-        title=_clean(title),
+        title=clean_text(title),
         text=text,
         category=category,
         groups=tuple(groups),
@@ -299,65 +237,6 @@ def _category(value: Any, where: str) -> str | None:
     return check_name(str(value).strip(), "`category`", where) or None
 
 
-def json_metadata(metadata: Mapping[str, Any], where: str) -> dict[str, Any]:
-    """Metadata as JSON PostgreSQL stores (jsonb): dates as ISO strings, free text cleaned;
-    refused when a value has no JSON form (NaN, bytes, sets), when a key contains NUL, when
-    nested deeper than 32 levels or over MAX_METADATA_BYTES serialised."""
-
-    def convert(value: Any, at: str, depth: int) -> Any:
-        if depth > _MAX_METADATA_DEPTH:
-            raise IngestError(f"{where}: metadata nested deeper than {_MAX_METADATA_DEPTH} levels")
-        if value is None or isinstance(value, bool | int):
-            return value
-        if isinstance(value, float):
-            if not math.isfinite(value):
-                raise IngestError(f"{where}: metadata {at} is {value}, which JSON cannot store")
-            return value
-        if isinstance(value, str):
-            return _clean(value)
-        if isinstance(value, datetime.date | datetime.time):
-            return value.isoformat()
-        if isinstance(value, list | tuple):
-            return [convert(v, f"{at}[{i}]", depth + 1) for i, v in enumerate(value)]
-        if isinstance(value, Mapping):
-            out: dict[str, Any] = {}
-            for k, v in value.items():
-                key = check_name(str(k), "metadata key", where)
-                out[key] = convert(v, f"{at}.{key}" if at else key, depth + 1)
-            return out
-        raise IngestError(
-            f"{where}: metadata {at or 'value'} is a {type(value).__name__}, not a JSON value"
-        )
-
-    converted: dict[str, Any] = convert(dict(metadata), "", 0)
-    size = len(json.dumps(converted, ensure_ascii=False).encode())
-    if size > MAX_METADATA_BYTES:
-        raise IngestError(
-            f"{where}: metadata is {human_bytes(size)} as JSON, over the "
-            f"{human_bytes(MAX_METADATA_BYTES)} cap"
-        )
-    return converted
-
-
-@functools.cache
-def _no_alias_loader() -> type[Any]:
-    import yaml
-
-    class NoAliasLoader(yaml.SafeLoader):  # type: ignore[misc]  # PyYAML has no stubs here
-        """yaml.SafeLoader that refuses anchors and aliases: a few hundred bytes of nested
-        aliases expand to gigabytes once the front matter becomes JSON ("billion laughs")."""
-
-        def compose_node(self, parent: Any, index: Any) -> Any:
-            event = self.peek_event()
-            if isinstance(event, yaml.AliasEvent) or getattr(event, "anchor", None):
-                raise yaml.composer.ComposerError(
-                    None, None, "anchors and aliases are not allowed", event.start_mark
-                )
-            return super().compose_node(parent, index)
-
-    return NoAliasLoader
-
-
 def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
     """YAML front matter between `---` lines at the top of a Markdown file, and the body."""
     match = _FRONT_MATTER.match(text)
@@ -371,7 +250,7 @@ def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
             f"{where}: front matter is over the {human_bytes(MAX_METADATA_BYTES)} metadata cap"
         )
     try:
-        data = yaml.load(raw, Loader=_no_alias_loader()) or {}
+        data = yaml.load(raw, Loader=yaml_loader()) or {}
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
@@ -579,7 +458,7 @@ def load_pdf(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
         if reader.is_encrypted and not reader.decrypt(""):
             raise IngestError(f"{path}: the PDF is encrypted")
         meta_title = (reader.metadata.title if reader.metadata else None) or ""
-        pages = [_clean(page.extract_text() or "") for page in reader.pages]
+        pages = [clean_text(page.extract_text() or "") for page in reader.pages]
     except IngestError:
         raise
     except Exception as exc:  # pypdf raises many types for damaged files
@@ -623,8 +502,8 @@ def document_from_record(record: Any, where: str) -> Document:
     embedding = _embedding(record.get("embedding"), where)
     return Document(
         source=check_name(str(ident), "`id`", where),
-        title=_clean(title.strip()),
-        text=_clean(text),
+        title=clean_text(title.strip()),
+        text=clean_text(text),
         category=_category(record.get("category"), where),
         groups=_string_list(record.get("groups"), "groups", where),
         labels=_string_list(record.get("labels"), "labels", where),
@@ -689,7 +568,7 @@ def iter_jsonl(
         for number, raw in enumerate(_lines(handle, max_bytes), start=1):
             where = f"{path}:{number}"
             if raw is None:
-                yield LoadFailure(where, _too_large("line is longer than that", max_bytes))
+                yield LoadFailure(where, too_large("line is longer than that", max_bytes))
                 continue
             if not raw.strip():
                 continue

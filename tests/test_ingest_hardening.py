@@ -14,7 +14,8 @@ from kbpg.chunking import Section, chunk_sections
 from kbpg.embedding import Embedder
 from kbpg.errors import InvalidInput
 from kbpg.ingest import ingest_paths
-from kbpg.loaders import MAX_METADATA_BYTES, Document, LoadFailure, iter_file
+from kbpg.limits import MAX_METADATA_BYTES
+from kbpg.loaders import Document, LoadFailure, iter_file
 from kbpg.sources import discover, iter_documents, parse_size, printable
 from tests.helpers import KBPG, run_kbpg
 from tests.test_ingest import kb as kb  # the fixture
