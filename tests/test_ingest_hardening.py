@@ -72,7 +72,7 @@ def test_jsonl_bad_records_fail_alone_with_path_and_line(tmp_path: Path) -> None
         f"{path}:4": "metadata key 'k\\x00' contains a NUL character",
         f"{path}:7": "`groups` value '\\udc80' contains a lone surrogate (not UTF-8)",
         f"{path}:8": "invalid JSON: nested too deeply",
-        f"{path}:9": "invalid JSON: NaN is not valid JSON",
+        f"{path}:9": "metadata score is nan, which JSON cannot store",
     }
     # free text is cleaned, not refused: NUL dropped, a lone surrogate becomes U+FFFD
     assert docs["nul-metadata-value"].metadata == {"note": "ab"}
