@@ -13,6 +13,7 @@ from typing import Any
 import psycopg
 
 from kbpg import db as kdb
+from kbpg import queries
 
 LAYOUTS = ("vector", "halfvec", "binary")
 INDEX_NAMES = ("chunks_embedding_hnsw", "chunks_embedding_hnsw_new")
@@ -73,11 +74,7 @@ def build_settings(
     """
     if not _local_server(conn):
         return {}
-    row = conn.execute(
-        "select e.layout, e.dimension, s.chunk_count,"
-        " pg_catalog.pg_size_bytes(pg_catalog.current_setting('maintenance_work_mem'))"
-        " from kb.embedding_space e, kb.corpus_stats s"
-    ).fetchone()
+    row = conn.execute(queries.INDEX_BUILD_INPUTS).fetchone()
     if row is None:
         return {}
     space_layout, dimension, chunk_count, current = row
@@ -109,11 +106,7 @@ class _Poller(threading.Thread):
         try:
             with psycopg.connect(self.url, autocommit=True, connect_timeout=5) as conn:
                 while not self.stop.wait(POLL_S):
-                    row = conn.execute(
-                        "select phase, tuples_done, tuples_total"
-                        " from pg_catalog.pg_stat_progress_create_index where pid = %s",
-                        (self.pid,),
-                    ).fetchone()
+                    row = conn.execute(queries.INDEX_PROGRESS, (self.pid,)).fetchone()
                     if row is not None:
                         self.callback(
                             IndexProgress(
@@ -145,9 +138,7 @@ def set_layout(
     connection to `url` reports progress.
     """
     with kdb.translate_errors():
-        row = conn.execute(
-            "select e.layout, s.chunk_count from kb.embedding_space e, kb.corpus_stats s"
-        ).fetchone()
+        row = conn.execute(queries.SPACE_LAYOUT_AND_CHUNKS).fetchone()
         chosen = layout or (str(row[0]) if row is not None else "vector")
         settings = build_settings(conn, chosen)
         poller = None
@@ -158,10 +149,10 @@ def set_layout(
         try:
             with (begin or conn.transaction)():
                 for name, value in settings.items():
-                    conn.execute("select pg_catalog.set_config(%s, %s, true)", (name, value))
+                    conn.execute(queries.SET_LOCAL, (name, value))
                 if poller is not None:
                     poller.start()
-                conn.execute("select kb.set_embedding_layout(%s)", (chosen,))
+                conn.execute(queries.SET_EMBEDDING_LAYOUT, (chosen,))
         finally:
             if poller is not None:
                 poller.stop.set()
@@ -170,7 +161,7 @@ def set_layout(
 
 
 def index_present(conn: psycopg.Connection[Any]) -> bool:
-    row = conn.execute("select to_regclass('kb.chunks_embedding_hnsw') is not null").fetchone()
+    row = conn.execute(queries.VECTOR_INDEX_PRESENT).fetchone()
     return row == (True,)
 
 
@@ -184,15 +175,13 @@ def defer_index(conn: psycopg.Connection[Any], begin: Begin, incoming_chunks: in
     scans.
     """
     with begin():
-        row = conn.execute(
-            "select s.chunk_count from kb.corpus_stats s, kb.embedding_space e"
-        ).fetchone()
+        row = conn.execute(queries.SPACE_LAYOUT_AND_CHUNKS).fetchone()
         if row is None or not index_present(conn):
             return False
-        existing = int(row[0])
+        existing = int(row[1])
         if existing > 0 and (incoming_chunks is None or incoming_chunks <= existing):
             return False
-        conn.execute("drop index kb.chunks_embedding_hnsw")
+        conn.execute(queries.DROP_VECTOR_INDEX)
     return True
 
 
@@ -205,7 +194,7 @@ def ensure_index(
     """Build the HNSW index when the space has none (a deferred or interrupted load); True if built."""
     with (begin or conn.transaction)():
         missing = not index_present(conn) and (
-            conn.execute("select 1 from kb.embedding_space").fetchone() is not None
+            conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is not None
         )
     if missing:
         set_layout(conn, url, None, progress, begin)

@@ -292,3 +292,26 @@ CONTEXT_READ: Final = (
 CONTEXT_WRITE: Final = (
     "update kb.chunks set context = %s, context_key = %s, embedding = %s where id = %s"
 )
+
+
+# -- the vector index (kbpg.indexing) ---------------------------------------------------------
+
+INDEX_BUILD_INPUTS: Final = """
+select e.layout, e.dimension, s.chunk_count,
+       pg_catalog.pg_size_bytes(pg_catalog.current_setting('maintenance_work_mem'))
+  from kb.embedding_space e, kb.corpus_stats s
+"""
+INDEX_PROGRESS: Final = (
+    "select phase, tuples_done, tuples_total"
+    " from pg_catalog.pg_stat_progress_create_index where pid = %s"
+)
+SPACE_LAYOUT_AND_CHUNKS: Final = (
+    "select e.layout, s.chunk_count from kb.embedding_space e, kb.corpus_stats s"
+)
+SET_LOCAL: Final = "select pg_catalog.set_config(%s, %s, true)"
+SET_EMBEDDING_LAYOUT: Final = "select kb.set_embedding_layout(%s)"
+VECTOR_INDEX_PRESENT: Final = (
+    "select pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null"
+)
+DROP_VECTOR_INDEX: Final = "drop index kb.chunks_embedding_hnsw"
+HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"
