@@ -12,6 +12,7 @@ in turn, in one run on the same data and queries:
 
     python benchmarks/bench_vector_layouts.py --chunks 20000     # quick look (~2 min)
     python benchmarks/bench_vector_layouts.py --chunks 200000    # ~10 min on 2 cores
+    python benchmarks/bench_vector_layouts.py --chunks 50000 --layouts vector,halfvec --interleave
 """
 
 from __future__ import annotations
@@ -98,6 +99,41 @@ def time_queries(
     return times, found
 
 
+def interleaved(
+    conn: psycopg.Connection[Any],
+    layouts: list[str],
+    queries: np.ndarray,
+    truth: list[set[int]],
+    first_id: int,
+) -> None:
+    """Every layout's index on the same table at once, the recorded layout switched before each
+    query (alternating the order), so that a busy machine slows every layout alike."""
+    conn.execute("drop index if exists kb.chunks_embedding_hnsw")
+    for layout in layouts:
+        definition = conn.execute(
+            "select kb._vector_index_definition(%s, %s)", (layout, DIM)
+        ).fetchone()
+        assert definition is not None
+        conn.execute(f"create index bench_{layout} on kb.chunks {definition[0]}")
+        conn.execute("select pg_prewarm(%s::regclass)", (f"kb.bench_{layout}",))
+    sql = "select chunk_id from kb.search_vector(%s, %s)"
+    times: dict[str, list[float]] = {layout: [] for layout in layouts}
+    found: dict[str, list[set[int]]] = {layout: [] for layout in layouts}
+    for i, q in enumerate(queries):
+        for layout in layouts if i % 2 == 0 else layouts[::-1]:
+            conn.execute("update kb.embedding_space set layout = %s", (layout,))
+            t = time.perf_counter()
+            rows = conn.execute(sql, (q, POOL)).fetchall()
+            times[layout].append((time.perf_counter() - t) * 1000)
+            found[layout].append({int(r[0]) - first_id for r in rows})
+    for layout in layouts:
+        warm = times[layout][20:]
+        log(
+            f"  interleaved {layout:<8} p50 {statistics.median(warm):5.2f} ms"
+            f"  p95 {p(warm, 95):5.2f} ms  recall@{POOL} {recall(found[layout], truth):.3f}"
+        )
+
+
 def recall(found: list[set[int]], truth: list[set[int]]) -> float:
     hits = sum(len(f & t) for f, t in zip(found, truth, strict=True))
     return hits / max(1, sum(len(t) for t in truth))
@@ -114,6 +150,11 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--layouts", default="vector,halfvec,binary")
     parser.add_argument("--factors", default="4,8,16", help="binary re-rank factors to measure")
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="also time the layouts query by query, all indexes present (fair on a busy machine)",
+    )
     args = parser.parse_args()
 
     nrng = np.random.default_rng(args.seed)
@@ -172,6 +213,9 @@ def main() -> None:
                         f"  p95 {result['p95']:5.2f} ms  recall@{POOL} {result['recall']:.3f}"
                         f"  ({', '.join(f'{k}={v}' for k, v in settings.items())})"
                     )
+            if args.interleave:
+                conn.execute("reset kb.vector_rerank_factor")
+                interleaved(conn, args.layouts.split(","), queries, truth, first_id)
     finally:
         server.stop()
         shutil.rmtree(home, ignore_errors=True)
