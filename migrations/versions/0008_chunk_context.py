@@ -29,11 +29,14 @@ depends_on = None
 
 def _generated(with_context: bool) -> str:
     text = (
-        "setweight(to_tsvector('english'::regconfig, section), 'A') "
-        "|| setweight(to_tsvector('english'::regconfig, content), 'B')"
+        "pg_catalog.setweight(pg_catalog.to_tsvector('english'::pg_catalog.regconfig, section), 'A') "
+        "|| pg_catalog.setweight(pg_catalog.to_tsvector('english'::pg_catalog.regconfig, content), 'B')"
     )
     if with_context:
-        text += " || setweight(to_tsvector('english'::regconfig, coalesce(context, '')), 'C')"
+        text += (
+            " || pg_catalog.setweight(pg_catalog.to_tsvector('english'::pg_catalog.regconfig,"
+            " coalesce(context, '')), 'C')"
+        )
     return f"""
 alter table kb.chunks drop column tsv, drop column token_count;
 alter table kb.chunks
