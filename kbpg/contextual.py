@@ -227,7 +227,7 @@ def recontextualize(
 
     from kbpg import queries
     from kbpg.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
-    from kbpg.ingest import writer
+    from kbpg.writer import writer
 
     started = time.perf_counter()
     summary = RecontextSummary()

@@ -3,34 +3,36 @@
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import itertools
-import json
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from kbpg import db as kdb
 from kbpg import indexing, queries
 from kbpg.app import Connection, KnowledgeBase, Principal
-from kbpg.chunking import Chunk, chunk_sections
-from kbpg.contextual import ContextTally, contexts_for_document, with_context
+from kbpg.contextual import ContextTally, contexts_for_document
 from kbpg.embedding import Embedder
-from kbpg.entities import MAX_ENTITY_DOCUMENTS, extract_entities, refresh_edges
-from kbpg.errors import Busy, IngestError, InvalidInput
+from kbpg.entities import MAX_ENTITY_DOCUMENTS, refresh_edges
+from kbpg.errors import IngestError, InvalidInput
 from kbpg.limits import DEFAULT_MAX_FILE_BYTES
 from kbpg.loaders import Document, LoadFailure
 from kbpg.models.chat import ChatClient
-from kbpg.sources import discover, iter_documents, printable
+from kbpg.prepare import (
+    PreparedDocument,
+    content_hash,
+    document_vectors,
+    prepare_document,
+)
+from kbpg.sources import discover, iter_documents
+from kbpg.writer import copy_rows, writer
 
 _log = logging.getLogger(__name__)
 
@@ -42,18 +44,13 @@ __all__ = [
     "LoadFailure",
     "ingest_documents",
     "ingest_paths",
-    "writer",
 ]
 
-# Bump when chunking or entity extraction changes: every document is then re-ingested.
-PIPELINE_VERSION = 1
 # One transaction per batch of whole documents; a kill loses at most the batch in flight.
 BATCH_DOCUMENTS = 256
 BATCH_CHARS = 400_000
 # Reading order is a weaker relation than an explicit link (kbpg.entities.WEIGHT_LINK).
 WEIGHT_NEXT = 0.8
-# Serialises kbpg writers (ingest, delete, reembed) on one database.
-WRITE_LOCK_KEY = 0x6B627067  # "kbpg"
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -124,184 +121,6 @@ class IngestSummary:
 
 
 ProgressCallback = Callable[[IngestProgress], None]
-
-
-# -- preparing documents ----------------------------------------------------------------------
-
-
-def content_hash(document: Document) -> str:
-    """What makes a document "unchanged": its text, structure, filters and the pipeline version."""
-    payload = {
-        "v": PIPELINE_VERSION,
-        "title": document.title,
-        "category": document.category,
-        "groups": sorted(set(document.groups)),
-        "labels": sorted(set(document.labels)),
-        "metadata": document.metadata,
-        "sections": [
-            [list(s.path), s.text, [[k.offset, k.target, k.fragment] for k in s.links]]
-            for s in document.section_list()
-        ],
-    }
-    if document.embedding is not None:
-        payload["embedding"] = hashlib.sha256(document.embedding.tobytes()).hexdigest()
-    encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(encoded.encode()).hexdigest()
-
-
-@dataclass
-class _Prepared:
-    document: Document
-    digest: str
-    chunks: list[Chunk]
-    existing_id: int | None = None
-    is_new: bool = True
-    links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
-    contexts: list[str | None] = field(default_factory=list)  # contextual retrieval, by ordinal
-    context_keys: list[str | None] = field(default_factory=list)
-    entities: list[tuple[int, str]] = field(default_factory=list)  # ordinal, entity
-
-
-def _prepare(document: Document, digest: str, embedder: Embedder) -> _Prepared:
-    sections = document.section_list()
-    if document.embedding is None:
-        chunks = chunk_sections(sections, embedder)
-    else:
-        chunks = _precomputed_chunk(document, embedder)
-    prepared = _Prepared(document, digest, chunks)
-    by_section: dict[int, list[Chunk]] = {}
-    for chunk in chunks:
-        by_section.setdefault(chunk.section_index, []).append(chunk)
-    seen_links: set[tuple[int, str, str]] = set()
-    for index, section in enumerate(sections):
-        members = by_section.get(index, [])
-        for link in section.links:
-            holders = (
-                [c for c in members if c.start <= link.offset < c.end]
-                or [c for c in members if c.start <= link.offset][-1:]
-                or members[:1]
-            )
-            for chunk in holders:
-                key = (chunk.ordinal, link.target, link.fragment)
-                if key not in seen_links:
-                    seen_links.add(key)
-                    prepared.links.append(key)
-    for chunk in chunks:
-        prepared.entities.extend(
-            (chunk.ordinal, e) for e in sorted(extract_entities(chunk.content))
-        )
-    return prepared
-
-
-def _precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:
-    """A record embedded elsewhere is one chunk: its vector stands for its whole text."""
-    assert document.embedding is not None
-    if len(document.embedding) != embedder.dimension:
-        raise IngestError(
-            f"`embedding` has {len(document.embedding)} dimensions; this knowledge base holds "
-            f"{embedder.dimension}-d vectors ({embedder.model_name})"
-        )
-    if not document.text.strip():
-        return []
-    section = document.title
-    return [Chunk(0, section, document.text, document.text, 0, 0, 0, len(document.text))]
-
-
-def _vectors(prepared: Sequence[_Prepared], embedder: Embedder) -> np.ndarray[Any, Any]:
-    """One row per chunk, in order: precomputed vectors as given, the others embedded now."""
-    texts = [
-        with_context(embedder, p.contexts[i] if p.contexts else None, c.embed_text)
-        for p in prepared
-        if p.document.embedding is None
-        for i, c in enumerate(p.chunks)
-    ]
-    if all(p.document.embedding is None for p in prepared):  # no copy of 100k rows to stack
-        return embedder.embed_documents(texts)
-    embedded = iter(embedder.embed_documents(texts))
-    rows = [
-        p.document.embedding if p.document.embedding is not None else next(embedded)
-        for p in prepared
-        for _ in p.chunks
-    ]
-    return np.stack(rows) if rows else np.zeros((0, embedder.dimension), dtype=np.float32)
-
-
-# -- sessions -------------------------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def _copy(cur: Any, copy_sql: str, staged: bool) -> Iterator[Any]:
-    """COPY rows in; `staged` (row-level security applies): through a temporary table."""
-    if not staged:
-        with cur.copy(copy_sql) as copy:
-            yield copy
-        return
-    create, copy_stage, insert, drop = queries.staged_copy(copy_sql)
-    cur.execute(create)
-    with cur.copy(copy_stage) as copy:
-        yield copy
-    cur.execute(insert)
-    cur.execute(drop)
-
-
-@contextlib.contextmanager
-def writer(kb: KnowledgeBase, principal: Principal | None = None) -> Iterator[Connection]:
-    """A connection holding kbpg's write lock until the block ends (or the session dies).
-
-    The lock is taken outside any transaction, so that a second writer waits for the whole
-    job, not for kbpg's lock_timeout. Work on the connection goes through kb.transaction().
-    """
-    with kb.connection(write=True) as conn:
-        with kb.transaction(conn, principal, write=True):
-            kdb.require_schema(conn)
-        _wait_for_write_lock(conn, kb.settings.write_lock_wait_ms)
-        try:
-            yield conn
-        finally:
-            _release_write_lock(conn)
-
-
-def _release_write_lock(conn: Connection) -> None:
-    """Unlock, or close a connection left mid-transaction: the server then drops the lock
-    (a pooled connection must never go back to the pool still holding it)."""
-    if conn.closed:
-        return
-    try:
-        if conn.info.transaction_status != TransactionStatus.IDLE:
-            raise psycopg.InterfaceError("connection left inside a transaction")
-        conn.execute(queries.WRITE_UNLOCK, (WRITE_LOCK_KEY,))
-    except psycopg.Error:
-        conn.close()
-
-
-def _wait_for_write_lock(conn: Connection, wait_ms: int) -> None:
-    """Take the write lock; while another writer holds it say so (on stderr through logging)
-    and give up after `wait_ms` (KBPG_WRITE_LOCK_WAIT, `kbpg ingest --lock-wait`)."""
-    row = conn.execute(queries.WRITE_TRY_LOCK, (WRITE_LOCK_KEY,)).fetchone()
-    if row is not None and row[0]:
-        return
-    holder = conn.execute(queries.WRITE_LOCK_HOLDER, (WRITE_LOCK_KEY,)).fetchone()
-    who = "another kbpg writer"
-    if holder is not None:
-        pid, app, since = holder
-        who += f" (PostgreSQL backend pid {pid}"
-        who += f", application {printable(app)!r}" if app else ""
-        who += f", connected since {since:%Y-%m-%d %H:%M:%S %Z}" if since else ""
-        who += ")"
-    waited = f"{wait_ms / 1000:g} s"
-    busy = Busy(
-        f"{who} holds kbpg's write lock; gave up after waiting {waited}",
-        hint="let it finish, or wait longer with --lock-wait (KBPG_WRITE_LOCK_WAIT), e.g. 10min",
-    )
-    if wait_ms <= 0:
-        raise busy
-    _log.warning("waiting up to %s for the write lock held by %s", waited, who)
-    try:
-        with conn.transaction():
-            conn.execute(queries.WRITE_LOCK_WAIT, (f"{wait_ms}ms",))
-            conn.execute(queries.WRITE_LOCK, (WRITE_LOCK_KEY,))
-    except psycopg.errors.LockNotAvailable:
-        raise busy from None
 
 
 def _refresh_lexical_index(
@@ -418,14 +237,14 @@ class _Run:
             ).fetchall()
         existing = {source: (int(doc_id), digest) for source, doc_id, digest in found}
         t1 = time.perf_counter()
-        prepared: list[_Prepared] = []
+        prepared: list[PreparedDocument] = []
         for document, digest in zip(documents, digests, strict=True):
             old = existing.get(document.source)
             if old is not None and old[1] == digest:
                 self.summary.unchanged += 1
                 continue
             try:
-                item = _prepare(document, digest, self.embedder)
+                item = prepare_document(document, digest, self.embedder)
             except IngestError as exc:
                 self.fail(LoadFailure(document.source, exc.message))
                 continue
@@ -449,7 +268,7 @@ class _Run:
                 )
                 item.context_keys = list(keys)
         t2 = time.perf_counter()
-        vectors = _vectors(prepared, self.embedder)
+        vectors = document_vectors(prepared, self.embedder)
         t3 = time.perf_counter()
         if prepared:
             edges = self.summary.edges
@@ -474,11 +293,11 @@ class _Run:
         self.report()
 
     def _write_each(
-        self, prepared: list[_Prepared], vectors: np.ndarray[Any, Any]
-    ) -> list[_Prepared]:
+        self, prepared: list[PreparedDocument], vectors: np.ndarray[Any, Any]
+    ) -> list[PreparedDocument]:
         """After a batch write failed on some document's data: each document in a transaction
         of its own, so only the bad ones are skipped (reported with the database's reason)."""
-        written: list[_Prepared] = []
+        written: list[PreparedDocument] = []
         row = 0
         for item in prepared:
             rows = slice(row, row + len(item.chunks))
@@ -501,7 +320,7 @@ class _Run:
     def transaction(self) -> contextlib.AbstractContextManager[Connection]:
         return self.kb.transaction(self.conn, self.principal, write=True)
 
-    def _write(self, prepared: list[_Prepared], vectors: np.ndarray[Any, Any]) -> None:
+    def _write(self, prepared: list[PreparedDocument], vectors: np.ndarray[Any, Any]) -> None:
         conn = self.conn
         updated = [p for p in prepared if not p.is_new]
         new = [p for p in prepared if p.is_new]
@@ -526,7 +345,7 @@ class _Run:
                     ],
                 )
         if new:
-            with conn.cursor() as cur, _copy(cur, queries.COPY_DOCUMENTS, staged) as copy:
+            with conn.cursor() as cur, copy_rows(cur, queries.COPY_DOCUMENTS, staged) as copy:
                 for p in new:
                     d = p.document
                     copy.write_row(
@@ -546,7 +365,7 @@ class _Run:
             for p in new:
                 p.existing_id = int(ids[p.document.source])
         row = 0
-        with conn.cursor() as cur, _copy(cur, queries.COPY_CHUNKS, staged) as copy:
+        with conn.cursor() as cur, copy_rows(cur, queries.COPY_CHUNKS, staged) as copy:
             copy.set_types(queries.CHUNK_TYPES)
             for p in prepared:
                 d = p.document
@@ -578,7 +397,7 @@ class _Run:
         # chunk ids of each prepared document, indexed by ordinal
         per_doc = [[by_key[p.existing_id or 0, c.ordinal] for c in p.chunks] for p in prepared]
         with conn.cursor() as cur:
-            with _copy(cur, queries.COPY_EDGES, staged) as copy:
+            with copy_rows(cur, queries.COPY_EDGES, staged) as copy:
                 for chunk_ids in per_doc:
                     for src, dst in itertools.pairwise(chunk_ids):
                         copy.write_row((src, dst, "next", WEIGHT_NEXT))

@@ -17,7 +17,8 @@ from kbpg.contextual import with_context
 from kbpg.embedding import Embedder
 from kbpg.entities import refresh_edges
 from kbpg.errors import InvalidInput, NotFound
-from kbpg.ingest import IngestProgress, IngestSummary, ProgressCallback, writer
+from kbpg.ingest import IngestProgress, IngestSummary, ProgressCallback
+from kbpg.writer import writer
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ def test_writer_lock_is_released_even_from_a_failed_transaction(
     kb_url: str,  # noqa: F811
     embedder: Embedder,
 ) -> None:
-    from kbpg.ingest import WRITE_LOCK_KEY, writer
+    from kbpg.writer import WRITE_LOCK_KEY, writer
 
     with KnowledgeBase(kb_url, embedder, settings=settings(), pool_size=1) as kb:
         with pytest.raises(KbpgError), writer(kb) as conn:

@@ -426,7 +426,7 @@ def test_a_second_ingest_says_what_it_waits_for_and_gives_up(
 
     import psycopg
 
-    from kbpg.ingest import WRITE_LOCK_KEY
+    from kbpg.writer import WRITE_LOCK_KEY
 
     (tmp_path / "doc.md").write_text("# Permits\n\nRenew the parking permit online.\n")
     with psycopg.connect(db_url, autocommit=True, application_name="first-writer") as holder:

@@ -1,0 +1,123 @@
+"""Preparing documents for the writer: content hashes, chunks, links, entities, vectors."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from kbpg.chunking import Chunk, chunk_sections
+from kbpg.contextual import with_context
+from kbpg.embedding import Embedder
+from kbpg.entities import extract_entities
+from kbpg.errors import IngestError
+from kbpg.loaders import Document
+
+# Bump when chunking or entity extraction changes: every document is then re-ingested.
+PIPELINE_VERSION = 1
+
+
+def content_hash(document: Document) -> str:
+    """What makes a document "unchanged": its text, structure, filters and the pipeline version."""
+    payload = {
+        "v": PIPELINE_VERSION,
+        "title": document.title,
+        "category": document.category,
+        "groups": sorted(set(document.groups)),
+        "labels": sorted(set(document.labels)),
+        "metadata": document.metadata,
+        "sections": [
+            [list(s.path), s.text, [[k.offset, k.target, k.fragment] for k in s.links]]
+            for s in document.section_list()
+        ],
+    }
+    if document.embedding is not None:
+        payload["embedding"] = hashlib.sha256(document.embedding.tobytes()).hexdigest()
+    encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+    return hashlib.sha256(encoded.encode()).hexdigest()
+
+
+@dataclass
+class PreparedDocument:
+    """A document cut into chunks, with what its chunks link to and mention, before writing."""
+
+    document: Document
+    digest: str
+    chunks: list[Chunk]
+    existing_id: int | None = None
+    is_new: bool = True
+    links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
+    contexts: list[str | None] = field(default_factory=list)  # contextual retrieval, by ordinal
+    context_keys: list[str | None] = field(default_factory=list)
+    entities: list[tuple[int, str]] = field(default_factory=list)  # ordinal, entity
+
+
+def prepare_document(document: Document, digest: str, embedder: Embedder) -> PreparedDocument:
+    """Chunk a document (or take its precomputed vector) and find its chunks' links and entities."""
+    sections = document.section_list()
+    if document.embedding is None:
+        chunks = chunk_sections(sections, embedder)
+    else:
+        chunks = precomputed_chunk(document, embedder)
+    prepared = PreparedDocument(document, digest, chunks)
+    by_section: dict[int, list[Chunk]] = {}
+    for chunk in chunks:
+        by_section.setdefault(chunk.section_index, []).append(chunk)
+    seen_links: set[tuple[int, str, str]] = set()
+    for index, section in enumerate(sections):
+        members = by_section.get(index, [])
+        for link in section.links:
+            holders = (
+                [c for c in members if c.start <= link.offset < c.end]
+                or [c for c in members if c.start <= link.offset][-1:]
+                or members[:1]
+            )
+            for chunk in holders:
+                key = (chunk.ordinal, link.target, link.fragment)
+                if key not in seen_links:
+                    seen_links.add(key)
+                    prepared.links.append(key)
+    for chunk in chunks:
+        prepared.entities.extend(
+            (chunk.ordinal, e) for e in sorted(extract_entities(chunk.content))
+        )
+    return prepared
+
+
+def precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:
+    """A record embedded elsewhere is one chunk: its vector stands for its whole text."""
+    assert document.embedding is not None
+    if len(document.embedding) != embedder.dimension:
+        raise IngestError(
+            f"`embedding` has {len(document.embedding)} dimensions; this knowledge base holds "
+            f"{embedder.dimension}-d vectors ({embedder.model_name})"
+        )
+    if not document.text.strip():
+        return []
+    section = document.title
+    return [Chunk(0, section, document.text, document.text, 0, 0, 0, len(document.text))]
+
+
+def document_vectors(
+    prepared: Sequence[PreparedDocument], embedder: Embedder
+) -> np.ndarray[Any, Any]:
+    """One row per chunk, in order: precomputed vectors as given, the others embedded now."""
+    texts = [
+        with_context(embedder, p.contexts[i] if p.contexts else None, c.embed_text)
+        for p in prepared
+        if p.document.embedding is None
+        for i, c in enumerate(p.chunks)
+    ]
+    if all(p.document.embedding is None for p in prepared):  # no copy of 100k rows to stack
+        return embedder.embed_documents(texts)
+    embedded = iter(embedder.embed_documents(texts))
+    rows = [
+        p.document.embedding if p.document.embedding is not None else next(embedded)
+        for p in prepared
+        for _ in p.chunks
+    ]
+    return np.stack(rows) if rows else np.zeros((0, embedder.dimension), dtype=np.float32)

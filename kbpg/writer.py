@@ -1,0 +1,97 @@
+"""kbpg's writers (ingest, delete, reembed, recontextualize): one write lock, staged COPY."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+
+from kbpg import db as kdb
+from kbpg import queries
+from kbpg.app import Connection, KnowledgeBase, Principal
+from kbpg.errors import Busy
+from kbpg.sources import printable
+
+_log = logging.getLogger("kbpg.ingest")
+
+# Serialises kbpg writers (ingest, delete, reembed) on one database.
+WRITE_LOCK_KEY = 0x6B627067  # "kbpg"
+
+
+@contextlib.contextmanager
+def copy_rows(cur: Any, copy_sql: str, staged: bool) -> Iterator[Any]:
+    """COPY rows in; `staged` (row-level security applies): through a temporary table."""
+    if not staged:
+        with cur.copy(copy_sql) as copy:
+            yield copy
+        return
+    create, copy_stage, insert, drop = queries.staged_copy(copy_sql)
+    cur.execute(create)
+    with cur.copy(copy_stage) as copy:
+        yield copy
+    cur.execute(insert)
+    cur.execute(drop)
+
+
+@contextlib.contextmanager
+def writer(kb: KnowledgeBase, principal: Principal | None = None) -> Iterator[Connection]:
+    """A connection holding kbpg's write lock until the block ends (or the session dies).
+
+    The lock is taken outside any transaction, so that a second writer waits for the whole
+    job, not for kbpg's lock_timeout. Work on the connection goes through kb.transaction().
+    """
+    with kb.connection(write=True) as conn:
+        with kb.transaction(conn, principal, write=True):
+            kdb.require_schema(conn)
+        _wait_for_write_lock(conn, kb.settings.write_lock_wait_ms)
+        try:
+            yield conn
+        finally:
+            _release_write_lock(conn)
+
+
+def _release_write_lock(conn: Connection) -> None:
+    """Unlock, or close a connection left mid-transaction: the server then drops the lock
+    (a pooled connection must never go back to the pool still holding it)."""
+    if conn.closed:
+        return
+    try:
+        if conn.info.transaction_status != TransactionStatus.IDLE:
+            raise psycopg.InterfaceError("connection left inside a transaction")
+        conn.execute(queries.WRITE_UNLOCK, (WRITE_LOCK_KEY,))
+    except psycopg.Error:
+        conn.close()
+
+
+def _wait_for_write_lock(conn: Connection, wait_ms: int) -> None:
+    """Take the write lock; while another writer holds it say so (on stderr through logging)
+    and give up after `wait_ms` (KBPG_WRITE_LOCK_WAIT, `kbpg ingest --lock-wait`)."""
+    row = conn.execute(queries.WRITE_TRY_LOCK, (WRITE_LOCK_KEY,)).fetchone()
+    if row is not None and row[0]:
+        return
+    holder = conn.execute(queries.WRITE_LOCK_HOLDER, (WRITE_LOCK_KEY,)).fetchone()
+    who = "another kbpg writer"
+    if holder is not None:
+        pid, app, since = holder
+        who += f" (PostgreSQL backend pid {pid}"
+        who += f", application {printable(app)!r}" if app else ""
+        who += f", connected since {since:%Y-%m-%d %H:%M:%S %Z}" if since else ""
+        who += ")"
+    waited = f"{wait_ms / 1000:g} s"
+    busy = Busy(
+        f"{who} holds kbpg's write lock; gave up after waiting {waited}",
+        hint="let it finish, or wait longer with --lock-wait (KBPG_WRITE_LOCK_WAIT), e.g. 10min",
+    )
+    if wait_ms <= 0:
+        raise busy
+    _log.warning("waiting up to %s for the write lock held by %s", waited, who)
+    try:
+        with conn.transaction():
+            conn.execute(queries.WRITE_LOCK_WAIT, (f"{wait_ms}ms",))
+            conn.execute(queries.WRITE_LOCK, (WRITE_LOCK_KEY,))
+    except psycopg.errors.LockNotAvailable:
+        raise busy from None
