@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 export ORT_DISABLE_TELEMETRY := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install demo test test-fast lint format typecheck check bench clean
+.PHONY: help install browser demo test test-fast lint format typecheck check bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -25,7 +25,14 @@ demo: $(STAMP) ## start the embedded PostgreSQL, migrate, ingest the sample KB a
 	$(BIN)/kbpg ingest samples/kb --recursive
 	$(BIN)/kbpg search "how do I renew a parking permit"
 
-test: $(STAMP) ## run the whole test suite against a real PostgreSQL (what CI runs)
+browser: ## Debian's chromium + chromedriver for the search page's browser test (when missing)
+	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \
+		sudo_cmd=""; if [ "$$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi; \
+		$$sudo_cmd apt-get update && \
+		$$sudo_cmd apt-get install -y --no-install-recommends chromium chromium-driver; \
+	fi
+
+test: $(STAMP) browser ## run the whole test suite against a real PostgreSQL (what CI runs)
 	$(BIN)/pytest -q --durations=15
 
 test-fast: $(STAMP) ## the suite without the NPL quality gate
