@@ -36,25 +36,8 @@ from kbpg.evaluate import throwaway_database  # noqa: E402
 from kbpg.ingest import ingest_paths  # noqa: E402
 from tests.model_servers import ModelServer  # noqa: E402
 
-QUERIES = [
-    "how do I renew a parking permit",
-    "when is my bin collected",
-    "how to get a library card",
-    "appeal a parking fine",
-    "reset my password",
-    "pay property tax in instalments",
-    "book a park shelter",
-    "where do I take old paint and batteries",
-    "monthly bus pass price",
-    "request council meeting minutes",
-    "connect to the VPN from home",
-    "visitor permit for guests",
-]
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(fraction * (len(ordered) - 1))))]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from bench_http import QUERIES, percentile  # noqa: E402 - the demo KB's questions
 
 
 def line(name: str, values: list[float]) -> str:
