@@ -11,6 +11,7 @@ from typing import Any
 import httpx
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -84,7 +85,11 @@ def first_document(driver: WebDriver) -> str:
 
 
 def wait_for(driver: WebDriver, condition: Any, timeout: float = 60) -> Any:
-    return WebDriverWait(driver, timeout).until(condition)
+    # the page replaces its result list when an answer arrives: an element read by the
+    # condition may go stale in between, and the condition is then asked again
+    return WebDriverWait(
+        driver, timeout, ignored_exceptions=(StaleElementReferenceException,)
+    ).until(condition)
 
 
 def test_search_page(demo_api: httpx.Client, browser: WebDriver) -> None:
