@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from kbpg.errors import IngestError
@@ -66,16 +66,27 @@ class Section:
         return SECTION_SEPARATOR.join(p for p in self.path if p)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Chunk:
+    """A window `start:end` of its section's text. Its content and embedded text are made when
+    asked for, not held: a 50 MB section's 100k chunks would otherwise hold it twice more."""
+
     ordinal: int
     section: str
-    content: str
-    embed_text: str
+    text: str = field(repr=False, compare=False)  # the whole section, shared by its chunks
+    prefix: str  # the heading path embedded in front of the content ("" for none)
     token_count: int
     section_index: int
     start: int
     end: int
+
+    @property
+    def content(self) -> str:
+        return self.text[self.start : self.end]
+
+    @property
+    def embed_text(self) -> str:
+        return embed_text(self.prefix, self.content)
 
 
 @dataclass(frozen=True)
@@ -197,24 +208,25 @@ def chunk_sections(
     for (index, section), whole_count in zip(live, whole, strict=True):
         prefix, prefix_tokens = prefixes[section.path]
         text = section.text
+        spans: Iterable[tuple[int, int, int]]
         if whole_count is not None and whole_count <= max_tokens:
             start = len(text) - len(text.lstrip())
             end = len(text.rstrip())
             spans = [(start, end, whole_count)]
         else:
-            spans = [
+            spans = (
                 (offset + s, offset + e, c)
                 for offset, piece in _pieces(text)
                 for s, e, c in _split_section(piece, prefix, prefix_tokens, counter, overlap_tokens)
-            ]
+            )
+        heading = section.heading
         for start, end, count in spans:
-            content = text[start:end]
             chunks.append(
                 Chunk(
                     ordinal=len(chunks),
-                    section=section.heading,
-                    content=content,
-                    embed_text=embed_text(prefix, content),
+                    section=heading,
+                    text=text,
+                    prefix=prefix,
                     token_count=count,
                     section_index=index,
                     start=start,
@@ -250,12 +262,13 @@ def _whole_counts(sections: Sequence[tuple[str, str]], counter: TokenCounter) ->
     return counts
 
 
-def _pieces(text: str) -> list[tuple[int, str]]:
+def _pieces(text: str) -> Iterator[tuple[int, str]]:
     """`text` as (offset, piece) of at most _PIECE_CHARS, cut at the last paragraph break, else
-    line break, else whitespace before the limit (a hard cut only in a 64k-character word)."""
+    line break, else whitespace before the limit (a hard cut only in a 64k-character word);
+    one piece at a time, so a huge section is never held twice."""
     if len(text) <= _PIECE_CHARS:
-        return [(0, text)]
-    pieces: list[tuple[int, str]] = []
+        yield 0, text
+        return
     start = 0
     while len(text) - start > _PIECE_CHARS:
         limit = start + _PIECE_CHARS
@@ -265,10 +278,13 @@ def _pieces(text: str) -> list[tuple[int, str]]:
             if cut > 0:
                 break
         end = cut if cut > 0 else limit
-        pieces.append((start, text[start:end]))
+        piece = text[start:end]
+        if piece.strip():
+            yield start, piece
         start = end
-    pieces.append((start, text[start:]))
-    return [(offset, piece) for offset, piece in pieces if piece.strip()]
+    piece = text[start:]
+    if piece.strip():
+        yield start, piece
 
 
 def _split_section(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import logging
 import os
@@ -27,8 +28,10 @@ from kbpg.loaders import Document, LoadFailure
 from kbpg.models.chat import ChatClient
 from kbpg.prepare import (
     PreparedDocument,
+    chunk_entities,
     content_hash,
     document_vectors,
+    embed_texts,
     prepare_document,
 )
 from kbpg.sources import discover, iter_documents
@@ -49,6 +52,11 @@ __all__ = [
 # One transaction per batch of whole documents; a kill loses at most the batch in flight.
 BATCH_DOCUMENTS = 256
 BATCH_CHARS = 400_000
+# A document of more chunks is embedded and written this many at a time (in its one
+# transaction): memory then holds a slice's vectors, not the document's (a 50 MB text is 100k
+# chunks, 150 MB of float32 384-d vectors). At MiniLM's slowest (~5 chunks/s on 2 busy cores) a
+# slice embeds in ~200 s, inside the 5-minute idle-in-transaction timeout.
+SLICE_CHUNKS = 1024
 # Reading order is a weaker relation than an explicit link (kbpg.entities.WEIGHT_LINK).
 WEIGHT_NEXT = 0.8
 
@@ -268,63 +276,110 @@ class _Run:
                 )
                 item.context_keys = list(keys)
         t2 = time.perf_counter()
-        vectors = document_vectors(prepared, self.embedder)
+        whole = [p for p in prepared if len(p.chunks) <= SLICE_CHUNKS]
+        vectors = document_vectors(whole, self.embedder)
         t3 = time.perf_counter()
-        if prepared:
-            edges = self.summary.edges
-            try:
-                with self.transaction():
-                    self._write(prepared, vectors)
-            except Exception as exc:
-                if not _document_error(exc):
-                    raise
-                self.summary.edges = edges
-                prepared = self._write_each(prepared, vectors)
+        written = self._write_batch(whole, vectors) if whole else []
+        self.summary.chunks += sum(len(p.chunks) for p in written)
+        embed_s = self.summary.embed_s
+        for item in prepared:
+            if len(item.chunks) > SLICE_CHUNKS and self._write_sliced(item):
+                written.append(item)
         t4 = time.perf_counter()
         self.summary.prepare_s += t2 - t1
         self.summary.embed_s += t3 - t2
-        self.summary.database_s += (t1 - t0) + (t4 - t3)
-        for item in prepared:
+        sliced_embed_s = self.summary.embed_s - embed_s - (t3 - t2)
+        self.summary.database_s += (t1 - t0) + (t4 - t3) - sliced_embed_s
+        for item in written:
             if item.is_new:
                 self.summary.added += 1
             else:
                 self.summary.updated += 1
-            self.summary.chunks += len(item.chunks)
         self.report()
 
-    def _write_each(
+    def _write_batch(
         self, prepared: list[PreparedDocument], vectors: np.ndarray[Any, Any]
     ) -> list[PreparedDocument]:
-        """After a batch write failed on some document's data: each document in a transaction
-        of its own, so only the bad ones are skipped (reported with the database's reason)."""
+        """Documents in one transaction; if some document's data fails it, each document in a
+        transaction of its own, so only the bad ones are skipped (with the database's reason)."""
+        edges = self.summary.edges
+        try:
+            with self.transaction():
+                self._write(prepared, vectors)
+            return prepared
+        except Exception as exc:
+            if not _document_error(exc):
+                raise
+            self.summary.edges = edges
         written: list[PreparedDocument] = []
         row = 0
         for item in prepared:
             rows = slice(row, row + len(item.chunks))
             row = rows.stop
-            if item.is_new:
-                item.existing_id = None  # the id the rolled-back batch gave it is gone
-            edges = self.summary.edges
-            try:
-                with self.transaction():
-                    self._write([item], vectors[rows])
-            except Exception as exc:
-                if not _document_error(exc):
-                    raise
-                self.summary.edges = edges
-                self.fail(LoadFailure(item.document.source, f"not stored: {_reason(exc)}"))
-                continue
-            written.append(item)
+            if self._write_alone(item, functools.partial(self._write, [item], vectors[rows])):
+                written.append(item)
         return written
+
+    def _write_sliced(self, item: PreparedDocument) -> bool:
+        """A document of more than SLICE_CHUNKS chunks: embedded and written a slice at a time,
+        all in one transaction (it is stored whole or not at all), so memory holds one slice's
+        vectors and rows, not the document's. Its model calls run inside that transaction: a
+        slice's embedding must take less than KBPG_IDLE_IN_TRANSACTION_TIMEOUT (5 min)."""
+        chunks = self.summary.chunks
+
+        def write() -> None:
+            staged = self._staged()
+            self._write_documents([item], staged)
+            for start in range(0, len(item.chunks), SLICE_CHUNKS):
+                stop = min(start + SLICE_CHUNKS, len(item.chunks))
+                t0 = time.perf_counter()
+                texts = embed_texts(item, self.embedder, start, stop)
+                vectors = self.embedder.embed_documents(texts)
+                del texts
+                self.summary.embed_s += time.perf_counter() - t0
+                self._write_chunks([(item, start, stop)], vectors, staged)
+                self.summary.chunks += stop - start
+                self.report()
+
+        if self._write_alone(item, write):
+            return True
+        self.summary.chunks = chunks
+        return False
+
+    def _write_alone(self, item: PreparedDocument, write: Callable[[], None]) -> bool:
+        """`write` (one document) in a transaction of its own; when the document's data fails
+        it, the document is reported as not stored and the run goes on."""
+        edges = self.summary.edges
+        if item.is_new:
+            item.existing_id = None  # the id a rolled-back transaction gave it is gone
+        try:
+            with self.transaction():
+                write()
+        except Exception as exc:
+            if not _document_error(exc):
+                raise
+            self.summary.edges = edges
+            self.fail(LoadFailure(item.document.source, f"not stored: {_reason(exc)}"))
+            return False
+        return True
 
     def transaction(self) -> contextlib.AbstractContextManager[Connection]:
         return self.kb.transaction(self.conn, self.principal, write=True)
 
+    def _staged(self) -> bool:
+        """Whether row-level security applies to this writer (COPY then goes through a stage)."""
+        return bool((self.conn.execute(queries.ROW_SECURITY_ACTIVE).fetchone() or (False,))[0])
+
     def _write(self, prepared: list[PreparedDocument], vectors: np.ndarray[Any, Any]) -> None:
+        staged = self._staged()
+        self._write_documents(prepared, staged)
+        self._write_chunks([(p, 0, len(p.chunks)) for p in prepared], vectors, staged)
+
+    def _write_documents(self, prepared: list[PreparedDocument], staged: bool) -> None:
+        """The documents' rows: changed ones updated (their old chunks deleted), new ones added."""
         conn = self.conn
         updated = [p for p in prepared if not p.is_new]
         new = [p for p in prepared if p.is_new]
-        staged = bool((conn.execute(queries.ROW_SECURITY_ACTIVE).fetchone() or (False,))[0])
         if updated:
             # cascades to the chunks' edges, links and entities
             conn.execute(queries.DELETE_CHUNKS_OF, ([p.existing_id for p in updated],))
@@ -364,15 +419,24 @@ class _Run:
             )
             for p in new:
                 p.existing_id = int(ids[p.document.source])
+
+    def _write_chunks(
+        self,
+        parts: list[tuple[PreparedDocument, int, int]],
+        vectors: np.ndarray[Any, Any],
+        staged: bool,
+    ) -> None:
+        """Chunks `start:stop` of each (document, start, stop), `vectors` row by row in that
+        order, then their `next` edges (from the chunk before `start` too), links and entities."""
+        conn = self.conn
         row = 0
         with conn.cursor() as cur, copy_rows(cur, queries.COPY_CHUNKS, staged) as copy:
             copy.set_types(queries.CHUNK_TYPES)
-            for p in prepared:
+            for p, start, stop in parts:
                 d = p.document
                 groups, labels = sorted(set(d.groups)), sorted(set(d.labels))
-                contexts = p.contexts or [None] * len(p.chunks)
-                keys = p.context_keys or [None] * len(p.chunks)
-                for chunk, context, key in zip(p.chunks, contexts, keys, strict=True):
+                for i in range(start, stop):
+                    chunk = p.chunks[i]
                     copy.write_row(
                         (
                             p.existing_id,
@@ -383,33 +447,36 @@ class _Run:
                             d.category,
                             labels,
                             vectors[row],
-                            context,
-                            key,
+                            p.contexts[i] if p.contexts else None,
+                            p.context_keys[i] if p.context_keys else None,
                         )
                     )
                     row += 1
-        by_key: dict[tuple[int, int], int] = {
-            (int(doc), int(ordinal)): int(cid)
-            for doc, ordinal, cid in conn.execute(
-                queries.CHUNK_IDS, ([p.existing_id for p in prepared],)
-            ).fetchall()
+        lows = [max(start - 1, 0) for _, start, _ in parts]
+        found = conn.execute(
+            queries.CHUNK_IDS,
+            ([p.existing_id for p, _, _ in parts], lows, [stop for _, _, stop in parts]),
+        ).fetchall()
+        ids: dict[tuple[int, int], int] = {
+            (int(doc), int(ordinal)): int(cid) for doc, ordinal, cid in found
         }
-        # chunk ids of each prepared document, indexed by ordinal
-        per_doc = [[by_key[p.existing_id or 0, c.ordinal] for c in p.chunks] for p in prepared]
+        del found
         with conn.cursor() as cur:
             with copy_rows(cur, queries.COPY_EDGES, staged) as copy:
-                for chunk_ids in per_doc:
-                    for src, dst in itertools.pairwise(chunk_ids):
+                for (p, _, stop), low in zip(parts, lows, strict=True):
+                    chain = [ids[p.existing_id or 0, ordinal] for ordinal in range(low, stop)]
+                    for src, dst in itertools.pairwise(chain):
                         copy.write_row((src, dst, "next", WEIGHT_NEXT))
                         self.summary.edges += 1
             with cur.copy(queries.COPY_LINKS) as copy:
-                for p, chunk_ids in zip(prepared, per_doc, strict=True):
+                for p, start, stop in parts:
                     for ordinal, target, fragment in p.links:
-                        copy.write_row((chunk_ids[ordinal], target, fragment))
+                        if start <= ordinal < stop:
+                            copy.write_row((ids[p.existing_id or 0, ordinal], target, fragment))
             with cur.copy(queries.COPY_ENTITIES) as copy:
-                for p, chunk_ids in zip(prepared, per_doc, strict=True):
-                    for ordinal, entity in p.entities:
-                        copy.write_row((entity, chunk_ids[ordinal]))
+                for p, start, stop in parts:
+                    for ordinal, entity in chunk_entities(p.chunks[start:stop]):
+                        copy.write_row((entity, ids[p.existing_id or 0, ordinal]))
 
     def delete(self, document_ids: Sequence[int]) -> int:
         if not document_ids:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -43,7 +43,7 @@ def content_hash(document: Document) -> str:
 
 @dataclass
 class PreparedDocument:
-    """A document cut into chunks, with what its chunks link to and mention, before writing."""
+    """A document cut into chunks, with what its chunks link to, before writing."""
 
     document: Document
     digest: str
@@ -53,11 +53,10 @@ class PreparedDocument:
     links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
     contexts: list[str | None] = field(default_factory=list)  # contextual retrieval, by ordinal
     context_keys: list[str | None] = field(default_factory=list)
-    entities: list[tuple[int, str]] = field(default_factory=list)  # ordinal, entity
 
 
 def prepare_document(document: Document, digest: str, embedder: Embedder) -> PreparedDocument:
-    """Chunk a document (or take its precomputed vector) and find its chunks' links and entities."""
+    """Chunk a document (or take its precomputed vector) and find what its chunks link to."""
     sections = document.section_list()
     if document.embedding is None:
         chunks = chunk_sections(sections, embedder)
@@ -81,11 +80,15 @@ def prepare_document(document: Document, digest: str, embedder: Embedder) -> Pre
                 if key not in seen_links:
                     seen_links.add(key)
                     prepared.links.append(key)
-    for chunk in chunks:
-        prepared.entities.extend(
-            (chunk.ordinal, e) for e in sorted(extract_entities(chunk.content))
-        )
     return prepared
+
+
+def chunk_entities(chunks: Sequence[Chunk]) -> Iterator[tuple[int, str]]:
+    """(ordinal, entity) for what each chunk mentions; found as the chunks are written, so a
+    huge document's entities are never all held at once."""
+    for chunk in chunks:
+        for entity in sorted(extract_entities(chunk.content)):
+            yield chunk.ordinal, entity
 
 
 def precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:
@@ -99,7 +102,7 @@ def precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:
     if not document.text.strip():
         return []
     section = document.title
-    return [Chunk(0, section, document.text, document.text, 0, 0, 0, len(document.text))]
+    return [Chunk(0, section, document.text, "", 0, 0, 0, len(document.text))]
 
 
 def document_vectors(
@@ -107,10 +110,10 @@ def document_vectors(
 ) -> np.ndarray[Any, Any]:
     """One row per chunk, in order: precomputed vectors as given, the others embedded now."""
     texts = [
-        with_context(embedder, p.contexts[i] if p.contexts else None, c.embed_text)
+        text
         for p in prepared
         if p.document.embedding is None
-        for i, c in enumerate(p.chunks)
+        for text in embed_texts(p, embedder, 0, len(p.chunks))
     ]
     if all(p.document.embedding is None for p in prepared):  # no copy of 100k rows to stack
         return embedder.embed_documents(texts)
@@ -121,3 +124,13 @@ def document_vectors(
         for _ in p.chunks
     ]
     return np.stack(rows) if rows else np.zeros((0, embedder.dimension), dtype=np.float32)
+
+
+def embed_texts(item: PreparedDocument, embedder: Embedder, start: int, stop: int) -> list[str]:
+    """What the model sees for chunks `start:stop` of a document: each one's context (when
+    contextual retrieval wrote one), heading path and content."""
+    contexts = item.contexts
+    return [
+        with_context(embedder, contexts[i] if contexts else None, item.chunks[i].embed_text)
+        for i in range(start, stop)
+    ]

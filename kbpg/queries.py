@@ -104,7 +104,12 @@ COPY_CHUNKS: Final = (
 CHUNK_TYPES: Final = [
     "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
 ]  # fmt: skip
-CHUNK_IDS: Final = "select document_id, ordinal, id from kb.chunks where document_id = any(%s)"
+# ids of the chunks with ordinals low <= ordinal < high of each (document, low, high)
+CHUNK_IDS: Final = """
+select c.document_id, c.ordinal, c.id
+  from unnest(%s::int8[], %s::int4[], %s::int4[]) as r(document_id, low, high)
+  join kb.chunks c on c.document_id = r.document_id and c.ordinal >= r.low and c.ordinal < r.high
+"""
 COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
 COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
 COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
