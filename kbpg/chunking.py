@@ -197,7 +197,7 @@ def chunk_sections(
     """
     max_tokens = counter.max_tokens
     prefixes: dict[tuple[str, ...], tuple[str, int]] = {}
-    live = [(index, s) for index, s in enumerate(sections) if s.text.strip()]
+    live = [(index, s) for index, s in enumerate(sections) if s.text and not s.text.isspace()]
     for _, section in live:
         if section.path not in prefixes:
             prefix = heading_prefix(section.path, counter)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
+import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,10 +21,17 @@ from kbpg.loaders import Document
 
 # Bump when chunking or entity extraction changes: every document is then re-ingested.
 PIPELINE_VERSION = 1
+_HASH_PIECE_CHARS = 1 << 20
 
 
 def content_hash(document: Document) -> str:
-    """What makes a document "unchanged": its text, structure, filters and the pipeline version."""
+    """What makes a document "unchanged": its text, structure, filters and the pipeline version.
+
+    The SHA-256 of a JSON payload; texts over _HASH_PIECE_CHARS are hashed piece by piece
+    (the same digest), so a 50 MB text is not held twice more as JSON and as UTF-8 bytes."""
+    sections = document.section_list()
+    big = {i for i, s in enumerate(sections) if len(s.text) > _HASH_PIECE_CHARS}
+    token = uuid.uuid4().hex if big else ""
     payload = {
         "v": PIPELINE_VERSION,
         "title": document.title,
@@ -31,14 +40,34 @@ def content_hash(document: Document) -> str:
         "labels": sorted(set(document.labels)),
         "metadata": document.metadata,
         "sections": [
-            [list(s.path), s.text, [[k.offset, k.target, k.fragment] for k in s.links]]
-            for s in document.section_list()
+            [
+                list(s.path),
+                f"\x00{token}:{i}\x00" if i in big else s.text,
+                [[k.offset, k.target, k.fragment] for k in s.links],
+            ]
+            for i, s in enumerate(sections)
         ],
     }
     if document.embedding is not None:
         payload["embedding"] = hashlib.sha256(document.embedding.tobytes()).hexdigest()
     encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
-    return hashlib.sha256(encoded.encode()).hexdigest()
+    if not big:
+        return hashlib.sha256(encoded.encode()).hexdigest()
+    # each placeholder (JSON-encoded) stands for its section's text, encoded piece by piece:
+    # JSON escapes character by character, so the pieces' escapes join into the whole one's
+    digest = hashlib.sha256()
+    done = 0
+    for mark in re.finditer(rf'"\\u0000{token}:(\d+)\\u0000"', encoded):
+        digest.update(encoded[done : mark.start()].encode())
+        text = sections[int(mark.group(1))].text
+        digest.update(b'"')
+        for start in range(0, len(text), _HASH_PIECE_CHARS):
+            piece = json.encoder.encode_basestring(text[start : start + _HASH_PIECE_CHARS])
+            digest.update(piece[1:-1].encode())
+        digest.update(b'"')
+        done = mark.end()
+    digest.update(encoded[done:].encode())
+    return digest.hexdigest()
 
 
 @dataclass

@@ -165,3 +165,33 @@ def test_an_embedding_error_in_a_later_slice_stops_the_run_and_stores_nothing_of
         assert server.batches[:3] == [1, SLICE, SLICE]
     assert rows(db_url, "select source from kb.documents") == [("first",)]
     assert rows(db_url, "select count(*) from kb.chunks") == [(1,)]
+
+
+def test_a_long_text_is_hashed_piece_by_piece_to_the_same_digest(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Documents stored before keep their content hash (they are not re-ingested): the digest
+    of a text hashed in pieces equals the digest of the whole payload's JSON."""
+    from kbpg import prepare
+    from kbpg.chunking import Link, Section
+
+    text = 'Quotes " and \\ backslashes,\ttabs,\x01controls\nnewlines, é, 漢字, 🚲 and \u2028.' * 9
+    document = Document(
+        source="s",
+        title='T "x"',
+        text="",
+        metadata={"k": ["v", 1, None]},
+        groups=("b", "a"),
+        sections=(
+            Section(("T",), text, (Link(3, "other.md", "frag"),)),
+            Section(("T", "Short"), "short text"),
+            Section(("T", "Again"), text[::-1]),
+        ),
+    )
+    whole = prepare.content_hash(document)
+    for piece in (1, 7, 64, len(text) - 1):
+        monkeypatch.setattr(prepare, "_HASH_PIECE_CHARS", piece)
+        assert prepare.content_hash(document) == whole
+    monkeypatch.setattr(prepare, "_HASH_PIECE_CHARS", 7)
+    changed = Document(**{**document.__dict__, "sections": document.sections[:2]})
+    assert prepare.content_hash(changed) != whole
