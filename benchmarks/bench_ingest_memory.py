@@ -7,14 +7,19 @@ case for the chunker); then the real `kbpg ingest FILE --max-file-size ...` runs
 process and its peak RSS is read from the kernel (wait4's ru_maxrss), with the wall time and
 the chunks written. Target (issue 14): under 1 GB for 50 MB.
 
+A small file (--baseline-mb) is ingested first the same way: its peak is what does not grow
+with the file (interpreter, libraries, the model, one slice of chunks in flight), and the
+difference to the big file's peak, divided by the difference in size, what does (MB per MB of
+text); both are printed, with the estimate for 50 MB when --mb is another size.
+
 50 MB of prose is ~100k chunks: MiniLM embeds ~10-30 a second on 2 shared cores (hours), so
 by default the vectors come from a local OpenAI-compatible stub server (deterministic hashed
 vectors, in this process, not measured) and the run measures what grows with the file: text,
 chunks, vectors, COPY. `--embedder minilm` measures the real model too, at a size that
-finishes; its working set is bounded by the word pieces per onnxruntime call, not the file.
+finishes (its baseline is the model's constant; the slope should be the stub run's).
 
     python benchmarks/bench_ingest_memory.py                          # 50 MB, stub vectors
-    python benchmarks/bench_ingest_memory.py --mb 2 --embedder minilm # the real model
+    python benchmarks/bench_ingest_memory.py --mb 4 --embedder minilm # the real model
 """
 
 from __future__ import annotations
@@ -33,6 +38,7 @@ import time
 import zlib
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import psycopg
@@ -132,9 +138,36 @@ class _StubEmbeddings(BaseHTTPRequestHandler):
         pass
 
 
+def ingest(source: Path, env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
+    """Run `kbpg ingest source` as a child: (peak RSS in MB, wall seconds, its JSON summary)."""
+    size = source.stat().st_size
+    command = [KBPG, "ingest", str(source), "--max-file-size", str(size), "--json"]
+    print("$ " + " ".join(command[1:]), flush=True)
+    started = time.perf_counter()
+    child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
+    assert child.stdout is not None
+    try:
+        output = child.stdout.read()
+        _, status, usage = os.wait4(child.pid, 0)
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    elapsed = time.perf_counter() - started
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise SystemExit(f"kbpg ingest exited {os.waitstatus_to_exitcode(status)}")
+    return usage.ru_maxrss * 1024 / 1e6, elapsed, json.loads(output)  # Linux reports KiB
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--mb", type=float, default=50.0, help="size of the text file in MB")
+    parser.add_argument(
+        "--baseline-mb",
+        type=float,
+        default=0.05,
+        help="size of a first, small file whose ingest measures what does not grow with the file",
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--embedder", choices=["stub", "minilm"], default="stub")
     args = parser.parse_args()
@@ -150,9 +183,6 @@ def main() -> None:
             conn.execute("drop database if exists bench")
             conn.execute("create database bench")
         kdb.upgrade(url)
-        source = home / "big.txt"
-        size = write_prose(source, args.mb, args.seed)
-        print(f"text file: {size:,} bytes ({size / 1e6:.1f} MB)", flush=True)
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBPG_")}
         env.update(KBPG_DATABASE_URL=url, KBPG_HOME=str(home / "home"), ORT_DISABLE_TELEMETRY="1")
         if args.embedder == "stub":
@@ -164,33 +194,36 @@ def main() -> None:
                 KBPG_OPENAI_MODEL="stub-384",
             )
         print(f"embedder: {args.embedder}", flush=True)
-        command = [KBPG, "ingest", str(source), "--max-file-size", str(size), "--json"]
-        print("$ " + " ".join(command[1:]), flush=True)
-        started = time.perf_counter()
-        child = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, text=True)
-        assert child.stdout is not None
-        try:
-            output = child.stdout.read()
-            _, status, usage = os.wait4(child.pid, 0)
-        except BaseException:
-            child.kill()
-            child.wait()
-            raise
-        elapsed = time.perf_counter() - started
-        child.returncode = os.waitstatus_to_exitcode(status)
-        peak_mb = usage.ru_maxrss * 1024 / 1e6  # Linux reports KiB
-        if child.returncode != 0:
-            raise SystemExit(f"kbpg ingest exited {child.returncode}")
-        summary = json.loads(output)
+        small = home / "small.txt"
+        small_size = write_prose(small, args.baseline_mb, args.seed + 1)
+        base_mb, _, base = ingest(small, env)
+        print(
+            f"baseline: {small_size:,} bytes, {base['chunks']:,} chunks, peak RSS {base_mb:,.0f} MB"
+        )
+        source = home / "big.txt"
+        size = write_prose(source, args.mb, args.seed)
+        print(f"text file: {size:,} bytes ({size / 1e6:.1f} MB)", flush=True)
+        peak_mb, elapsed, summary = ingest(source, env)
         print(
             f"chunks: {summary['chunks']:,} in {elapsed:.0f} s "
-            f"(embedding {summary['seconds']['embedding']:.0f} s, "
+            f"(prepare {summary['seconds']['prepare']:.0f} s, "
+            f"embedding {summary['seconds']['embedding']:.0f} s, "
             f"database {summary['seconds']['database']:.0f} s)"
         )
         print(
             f"peak RSS of kbpg ingest: {peak_mb:,.0f} MB "
             f"({peak_mb / (size / 1e6):.1f}x the file; target < 1,000 MB for 50 MB)"
         )
+        slope = (peak_mb - base_mb) / ((size - small_size) / 1e6)
+        print(
+            f"composition: {base_mb:,.0f} MB that does not grow with the file (the baseline) "
+            f"+ {slope:.2f} MB per MB of text"
+        )
+        if abs(size / 1e6 - 50) > 0.5:
+            print(
+                f"estimate for 50 MB with {args.embedder}: {base_mb + 50 * slope:,.0f} MB "
+                f"(baseline + 50 x slope)"
+            )
     finally:
         server.stop()
         shutil.rmtree(home, ignore_errors=True)
