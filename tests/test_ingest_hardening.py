@@ -458,3 +458,39 @@ def test_a_second_ingest_says_what_it_waits_for_and_gives_up(
         rest = waiting.stderr.read()
         assert waiting.wait(timeout=300) == 0, rest
         assert "added 1," in rest
+
+
+def test_every_writer_takes_lock_wait(db_url: str, tmp_path: Path, cli_env: dict[str, str]) -> None:
+    """`documents delete` and `reembed` take --lock-wait like ingest (over KBPG_WRITE_LOCK_WAIT)."""
+    import psycopg
+
+    from kbpg.writer import WRITE_LOCK_KEY
+
+    (tmp_path / "doc.md").write_text("# Permits\n\nRenew the parking permit online.\n")
+    assert run_kbpg("ingest", str(tmp_path), env=cli_env).returncode == 0
+    env = {**cli_env, "KBPG_WRITE_LOCK_WAIT": "10min"}
+    with psycopg.connect(db_url, autocommit=True, application_name="first-writer") as holder:
+        holder.execute("select pg_advisory_lock(%s)", (WRITE_LOCK_KEY,))
+        for command in (
+            ["documents", "delete", str(tmp_path / "doc.md"), "--lock-wait", "1s"],
+            ["reembed", "--lock-wait", "1s"],
+        ):
+            gave_up = run_kbpg(*command, env=env)
+            assert gave_up.returncode == 1, gave_up.stderr
+            lines = gave_up.stderr.splitlines()
+            assert lines[0].startswith("waiting up to 1 s for the write lock held by ")
+            assert lines[1].startswith("Error: another kbpg writer (PostgreSQL backend pid ")
+            assert lines[1].endswith(") holds kbpg's write lock; gave up after waiting 1 s")
+            assert gave_up.stdout == ""
+        at_once = run_kbpg("documents", "delete", "doc.md", "--lock-wait", "0", env=env)
+        assert at_once.returncode == 1
+        assert at_once.stderr.splitlines()[0].endswith("gave up after waiting 0 s")
+    bad = run_kbpg("reembed", "--lock-wait", "soon", env=cli_env)
+    assert bad.returncode == 2
+    assert "Invalid value for '--lock-wait': --lock-wait='soon' is not a duration" in bad.stderr
+    assert rows(db_url, "select count(*) from kb.documents") == [(1,)]
+    deleted = run_kbpg(
+        "documents", "delete", str(tmp_path / "doc.md"), "--lock-wait", "5s", env=cli_env
+    )
+    assert deleted.returncode == 0, deleted.stderr
+    assert rows(db_url, "select count(*) from kb.documents") == [(0,)]

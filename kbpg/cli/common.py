@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -26,11 +27,15 @@ class AppContext:
         self.debug = debug
         self._settings: Settings | None = None
         self._url: str | None = None
+        self.write_lock_wait_ms: int | None = None  # --lock-wait, over KBPG_WRITE_LOCK_WAIT
 
     @property
     def settings(self) -> Settings:
         if self._settings is None:
-            self._settings = Settings.from_env()
+            settings = Settings.from_env()
+            if self.write_lock_wait_ms is not None:
+                settings = dataclasses.replace(settings, write_lock_wait_ms=self.write_lock_wait_ms)
+            self._settings = settings
         return self._settings
 
     @property
@@ -85,6 +90,29 @@ embedder_option = click.option(
     default=None,
     help="Embedding provider: minilm (offline) or openai  [env var: KBPG_EMBEDDER; "
     "default: minilm].",
+)
+
+
+def _lock_wait(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    from kbpg.config import parse_duration_ms
+
+    app = ctx.find_object(AppContext)
+    if value is None or app is None:
+        return
+    try:
+        app.write_lock_wait_ms = parse_duration_ms(value, "--lock-wait")
+    except KbpgError as exc:
+        raise click.BadParameter(exc.message) from None
+
+
+# Every writer (ingest, documents delete, reembed, recontextualize) waits for kbpg's write lock.
+lock_wait_option = click.option(
+    "--lock-wait",
+    metavar="DURATION",
+    expose_value=False,
+    callback=_lock_wait,
+    help="Give up after waiting this long for another writer (e.g. 30s, 10min; 0: at once) "
+    "[env: KBPG_WRITE_LOCK_WAIT; default: 60s].",
 )
 
 

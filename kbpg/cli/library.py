@@ -13,6 +13,7 @@ from kbpg.cli.common import (
     embedder_option,
     handle_errors,
     json_option,
+    lock_wait_option,
     pass_app,
     print_rows,
 )
@@ -60,15 +61,6 @@ def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
 
     try:
         return parse_size(str(value))
-    except KbpgError as exc:
-        raise click.BadParameter(exc.message) from None
-
-
-def _duration_option(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from kbpg.config import parse_duration_ms
-
-    try:
-        return None if value is None else parse_duration_ms(value, "--lock-wait")
     except KbpgError as exc:
         raise click.BadParameter(exc.message) from None
 
@@ -128,14 +120,7 @@ def _summary_line(summary: Any) -> str:
     help="Refuse larger files (for .jsonl: longer lines), e.g. 64MiB; memory grows with it "
     "[env: KBPG_MAX_FILE_BYTES].",
 )
-@click.option(
-    "--lock-wait",
-    "lock_wait_ms",
-    metavar="DURATION",
-    callback=_duration_option,
-    help="Give up after waiting this long for another writer (e.g. 30s, 10min; 0: at once) "
-    "[env: KBPG_WRITE_LOCK_WAIT; default: 60s].",
-)
+@lock_wait_option
 @click.option(
     "--follow-symlinks",
     is_flag=True,
@@ -157,7 +142,6 @@ def ingest(
     batch_size: int,
     contextual: bool | None,
     max_file_bytes: int,
-    lock_wait_ms: int | None,
     follow_symlinks: bool,
     as_json: bool,
 ) -> None:
@@ -167,14 +151,11 @@ def ingest(
     atomically. Markdown front matter may set title, category, groups and labels. Exit code 1
     when any file failed (the others are ingested).
     """
-    import dataclasses
     import json
 
     from kbpg.ingest import ingest_paths
 
     with app.knowledge_base(embedder_name) as kb:
-        if lock_wait_ms is not None:
-            kb.settings = dataclasses.replace(kb.settings, write_lock_wait_ms=lock_wait_ms)
         summary = ingest_paths(
             kb,
             list(paths),
@@ -227,6 +208,7 @@ def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
 
 @documents.command("delete")
 @click.argument("sources", nargs=-1, required=True)
+@lock_wait_option
 @pass_app
 @handle_errors
 def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
@@ -322,6 +304,7 @@ def _human_bytes(size: int) -> str:
 
 @click.command()
 @embedder_option
+@lock_wait_option
 @pass_app
 @handle_errors
 def reembed(app: AppContext, embedder_name: str | None) -> None:
@@ -341,6 +324,7 @@ def reembed(app: AppContext, embedder_name: str | None) -> None:
 
 @click.command()
 @click.option("--dry-run", is_flag=True, help="Only count stale and missing contexts.")
+@lock_wait_option
 @json_option
 @pass_app
 @handle_errors
