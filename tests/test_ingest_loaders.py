@@ -307,3 +307,13 @@ def test_entities_codes_acronyms_and_names() -> None:
     assert "ISO" in found
     assert "555-0100" not in found and "2026" not in found
     assert not any(e.startswith("the ") or e.startswith("when ") for e in found)
+
+
+def test_entity_codes_at_word_edges() -> None:
+    """Codes are matched inside words holding a digit (kbpg.entities): word edges, slashes,
+    hyphens and non-ASCII neighbours give what a scan of the whole text gave."""
+    found = extract_entities("form PRK-204/ and AB1//CD9 then x_AB12 or -XY9 and Zz9-1a")
+    assert found == {"AB1", "CD9", "PRK", "PRK-204", "ZZ9-1A"}
+    found = extract_entities("REF\u00a0A1B2 caf\u00e9Q7 Q7\u00e9 12ab 1-2-3 A-1 a1b2C")
+    assert found == {"A-1", "A1B2", "A1B2C", "REF"}
+    assert extract_entities("\u00c9A12 A12\u00c9 tab\tK9Z\nnew") == {"K9Z"}
