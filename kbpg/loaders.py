@@ -3,12 +3,11 @@
 from __future__ import annotations
 
 import functools
-import json
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 from urllib.parse import unquote, urlsplit
 
 import numpy as np
@@ -27,7 +26,6 @@ from kbpg.limits import (
     human_bytes,
     json_metadata,
     read_limited,
-    too_large,
     yaml_loader,
 )
 
@@ -215,7 +213,7 @@ def load_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?)\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.S)
 
 
-def _string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
+def string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
     if value is None:
         return ()
     if isinstance(value, str):
@@ -229,7 +227,7 @@ def _string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
     return tuple(check_name(v, f"`{key}` value", where) for v in items if v)
 
 
-def _category(value: Any, where: str) -> str | None:
+def category_of(value: Any, where: str) -> str | None:
     if value is None or value == "":
         return None
     if not isinstance(value, str | int) or isinstance(value, bool):
@@ -329,9 +327,9 @@ def load_markdown(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Docume
         title,
         builder.finish(),
         "markdown",
-        category=_category(front.get("category"), str(path)),
-        groups=_string_list(front.get("groups"), "groups", str(path)),
-        labels=_string_list(front.get("labels"), "labels", str(path)),
+        category=category_of(front.get("category"), str(path)),
+        groups=string_list(front.get("groups"), "groups", str(path)),
+        labels=string_list(front.get("labels"), "labels", str(path)),
         metadata={k: v for k, v in front.items() if k not in known},
     )
 
@@ -474,70 +472,7 @@ def load_pdf(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     return _document(path, title, sections, "pdf", metadata={"pages": len(pages)})
 
 
-# -- JSONL ------------------------------------------------------------------------------------
-
-
-def document_from_record(record: Any, where: str) -> Document:
-    """A Document from a JSON object: id (or _id), title, text, category, groups, labels, metadata,
-    and optionally a precomputed `embedding` (the record is then stored as one chunk).
-
-    Free text (text, title, metadata values) is cleaned of what PostgreSQL cannot store; keys
-    and filter values (id, category, groups, labels, metadata keys) are refused instead.
-    """
-    if not isinstance(record, dict):
-        raise IngestError(f"{where}: expected a JSON object")
-    ident = record.get("id", record.get("_id"))
-    if ident is None or str(ident).strip() == "":
-        raise IngestError(f"{where}: missing `id`")
-    if not isinstance(ident, str | int) or isinstance(ident, bool):
-        raise IngestError(f"{where}: `id` must be a string or an integer")
-    text = record.get("text")
-    if not isinstance(text, str):
-        raise IngestError(f"{where}: `text` must be a string")
-    title = record.get("title") or ""
-    metadata = record.get("metadata") or {}
-    if not isinstance(title, str) or not isinstance(metadata, dict):
-        raise IngestError(f"{where}: `title` must be a string and `metadata` an object")
-    check_not_binary(text, where)
-    embedding = _embedding(record.get("embedding"), where)
-    return Document(
-        source=check_name(str(ident), "`id`", where),
-        title=clean_text(title.strip()),
-        text=clean_text(text),
-        category=_category(record.get("category"), where),
-        groups=_string_list(record.get("groups"), "groups", where),
-        labels=_string_list(record.get("labels"), "labels", where),
-        metadata=json_metadata(metadata, where),
-        embedding=embedding,
-    )
-
-
-def _embedding(value: Any, where: str) -> npt.NDArray[np.float32] | None:
-    """A precomputed embedding: a non-empty flat list of finite numbers (its dimension is checked
-    against the knowledge base's embedding space at ingest). Checked by numpy: a per-number
-    Python loop cost 1.4 ms a 384-d record, more than the rest of the load."""
-    if value is None:
-        return None
-    vector = np.asarray(value) if isinstance(value, list) else None
-    if vector is None or vector.ndim != 1 or vector.size == 0 or vector.dtype.kind not in "iuf":
-        raise IngestError(f"{where}: `embedding` must be a non-empty list of numbers")
-    if not np.isfinite(vector).all():
-        raise IngestError(f"{where}: `embedding` holds NaN or infinity")
-    return vector.astype(np.float32)
-
-
-def _lines(handle: IO[bytes], max_bytes: int) -> Iterator[bytes | None]:
-    """The file's lines, read one at a time; a line over `max_bytes` is skipped unread (None)."""
-    while raw := handle.readline(max_bytes + 1):
-        if len(raw) > max_bytes and not raw.endswith(b"\n"):
-            while (rest := handle.readline(1 << 20)) and not rest.endswith(b"\n"):
-                pass
-            yield None
-        else:
-            yield raw
-
-
-def _failure(exc: Exception, where: str, *, record: bool = False) -> LoadFailure:
+def failure_of(exc: Exception, where: str, *, record: bool = False) -> LoadFailure:
     """What a loader raised, as the failure of this file or JSONL line (`where`)."""
     if isinstance(exc, IngestError):
         reason = exc.message
@@ -548,33 +483,6 @@ def _failure(exc: Exception, where: str, *, record: bool = False) -> LoadFailure
     else:  # a library's surprise is this file's failure, never the end of the run
         reason = f"cannot read: {type(exc).__name__}: {exc}"
     return LoadFailure(where, reason.removeprefix(f"{where}: "))
-
-
-def iter_jsonl(
-    path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES
-) -> Iterator[Document | LoadFailure]:
-    """One Document per line, streamed; a bad line becomes a LoadFailure (`path:line`) and
-    reading goes on. `max_bytes` bounds each line, not the file."""
-    try:
-        handle = path.open("rb")
-    except OSError as exc:
-        yield LoadFailure(str(path), exc.strerror or str(exc))
-        return
-    with handle:
-        for number, raw in enumerate(_lines(handle, max_bytes), start=1):
-            where = f"{path}:{number}"
-            if raw is None:
-                yield LoadFailure(where, too_large("line is longer than that", max_bytes))
-                continue
-            if not raw.strip():
-                continue
-            try:
-                record = json.loads(raw)  # NaN/Infinity: refused where they land
-                document = document_from_record(record, where)
-            except Exception as exc:
-                yield _failure(exc, where, record=True)
-                continue
-            yield document
 
 
 _LOADERS = {
@@ -592,6 +500,8 @@ def iter_file(
     loader raises is this file's failure, never the end of the run."""
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
+        from kbpg.records import iter_jsonl  # kbpg.records builds on this module
+
         yield from iter_jsonl(path, max_bytes)
         return
     loader = _LOADERS.get(suffix)
@@ -601,6 +511,6 @@ def iter_file(
     try:
         document = loader(path, max_bytes)
     except Exception as exc:
-        yield _failure(exc, str(path))
+        yield failure_of(exc, str(path))
         return
     yield document
