@@ -7,10 +7,13 @@ import json
 import re
 from pathlib import Path
 
+import pytest
+
 from kbpg.chunking import Section, chunk_sections
 from kbpg.embedding import Embedder
 from kbpg.entities import extract_entities
 from kbpg.loaders import Document, LoadFailure, iter_file
+from kbpg.records import parse_record
 
 
 def make_pdf(path: Path, pages: list[str], title: str | None = None) -> Path:
@@ -317,3 +320,39 @@ def test_entity_codes_at_word_edges() -> None:
     found = extract_entities("REF\u00a0A1B2 caf\u00e9Q7 Q7\u00e9 12ab 1-2-3 A-1 a1b2C")
     assert found == {"A-1", "A1B2", "A1B2C", "REF"}
     assert extract_entities("\u00c9A12 A12\u00c9 tab\tK9Z\nnew") == {"K9Z"}
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        b'{"id": 123456789012345678901234567890, "text": "an id past 64 bits stays exact"}',
+        b'{"id": "x", "text": "t", "metadata": {"n": -18446744073709551616, "f": 1e-400}}',
+        b'{"id": "x", "text": "t", "metadata": {"n": 18446744073709551615}}',
+        b'{"id": "x", "text": "dup", "text": "last wins"}',
+        b'{"id": "x", "text": "\\ud800 lone surrogate", "embedding": [0.1, 2, -3e-5]}',
+        b'\xef\xbb\xbf{"id": "bom", "text": "byte order mark"}',
+        b'{"id": "x", "text": "t", "embedding": [0.12345678901234567890123, 1.7976931348623157e308]}',
+    ],
+)
+def test_records_parse_as_json_does(line: bytes) -> None:
+    """kbpg.records reads lines with orjson where it gives json.loads's answer, else json."""
+    parsed = parse_record(line)
+    assert parsed == json.loads(line)
+    assert [type(v) for v in parsed.values()] == [type(v) for v in json.loads(line).values()]
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        (b'{"id": "x", "embedding": [NaN]}', None),
+        (b'{"id": "x", "embedding": [1e400]}', None),
+        (b"{not json", "Expecting property name enclosed in double quotes"),
+        (b'{"id": "\xff"}', "can't decode byte 0xff"),
+    ],
+)
+def test_records_refused_or_odd_lines_as_json_reads_them(line: bytes, message: str | None) -> None:
+    if message is None:  # NaN and infinity parse, and are refused where they land
+        assert str(parse_record(line)) == str(json.loads(line))
+        return
+    with pytest.raises(ValueError, match=message):
+        parse_record(line)
