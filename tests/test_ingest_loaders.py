@@ -328,6 +328,8 @@ def test_entity_codes_at_word_edges() -> None:
         b'{"id": 123456789012345678901234567890, "text": "an id past 64 bits stays exact"}',
         b'{"id": "x", "text": "t", "metadata": {"n": -18446744073709551616, "f": 1e-400}}',
         b'{"id": "x", "text": "t", "metadata": {"n": 18446744073709551615}}',
+        b'{"id": "x", "text": "t", "embedding": [0.5, 123456789012345678901234]}',
+        b'{"id": "x", "text": "t", "metadata": {"deep": [["a", 99999999999999999999]]}}',
         b'{"id": "x", "text": "dup", "text": "last wins"}',
         b'{"id": "x", "text": "\\ud800 lone surrogate", "embedding": [0.1, 2, -3e-5]}',
         b'\xef\xbb\xbf{"id": "bom", "text": "byte order mark"}',
