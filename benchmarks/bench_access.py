@@ -107,7 +107,14 @@ def main() -> None:
         with psycopg.connect(db_url("bench_off"), prepare_threshold=None) as conn:
             register_vector(conn)
             log(f"loading {args.chunks:,} chunks in 10 groups, {args.layout} ...")
-            info = load(conn, args.chunks, args.seed, n_groups=10, grouped=args.layout == "grouped")
+            info = load(
+                conn,
+                db_url("bench_off"),
+                args.chunks,
+                args.seed,
+                n_groups=10,
+                grouped=args.layout == "grouped",
+            )
             conn.autocommit = True
             setup_readers(conn)
         # the same data twice, enforcement off and on, so every query is timed in both states

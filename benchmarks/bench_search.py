@@ -42,6 +42,7 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 from kbpg import db as kdb
+from kbpg import indexing
 from kbpg.server import EmbeddedServer
 
 NPL = Path(__file__).resolve().parent.parent.parent / "shared" / "ir" / "npl"
@@ -77,6 +78,7 @@ def word_distribution(rng: random.Random) -> tuple[list[str], np.ndarray, list[s
 
 def load(
     conn: psycopg.Connection[Any],
+    url: str,
     n_chunks: int,
     seed: int,
     n_groups: int = 100,
@@ -153,11 +155,18 @@ def load(
     conn.execute("create index chunks_tsv_gin on kb.chunks using gin (tsv)")
     conn.commit()
     timings["gin_s"] = time.perf_counter() - t
-    t = time.perf_counter()
-    # the index of the space's layout (vector, halfvec or binary: sql/010)
-    conn.execute("select kb.set_embedding_layout(layout) from kb.embedding_space")
-    conn.commit()
-    timings["hnsw_s"] = time.perf_counter() - t
+    # the index of the space's layout (vector, halfvec or binary: sql/010), built as kbpg builds
+    # it after a first load: memory and workers sized to the machine, progress shown
+    conn.autocommit = True
+    last = [0.0]
+
+    def progress(p: indexing.IndexProgress) -> None:
+        if p.elapsed_s - last[0] >= 30:
+            last[0] = p.elapsed_s
+            log(f"  {p.describe()}")
+
+    _, timings["hnsw_s"] = indexing.set_layout(conn, url, progress=progress)
+    conn.autocommit = False
     t = time.perf_counter()
     conn.execute("select kb.refresh_lexical_index()")
     conn.commit()
@@ -346,7 +355,7 @@ def main() -> None:
             register_vector(conn)
             if info is None:
                 log(f"loading {args.chunks:,} chunks ...")
-                info = load(conn, args.chunks, args.seed, layout=args.layout)
+                info = load(conn, url, args.chunks, args.seed, layout=args.layout)
                 if args.keep is not None:
                     keep = dict(info, chunks=args.chunks, seed=args.seed)
                     keep["centroids"] = info["centroids"].tolist()
