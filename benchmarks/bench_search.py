@@ -322,6 +322,12 @@ def main() -> None:
         "interleaved query by query with today's, and count identical results",
     )
     parser.add_argument(
+        "--shared-buffers",
+        metavar="SIZE",
+        help="the server's shared_buffers for the timings (e.g. 6GB: a quarter of this machine; "
+        "the embedded server caps it at 2GB, less than a 1M-chunk knowledge base's working set)",
+    )
+    parser.add_argument(
         "--layout",
         choices=["vector", "halfvec", "binary"],
         help="vector index layout (default: kb.default_vector_layout's)",
@@ -350,6 +356,9 @@ def main() -> None:
             with psycopg.connect(admin, autocommit=True) as c:
                 c.execute("drop database if exists bench")
                 c.execute("create database bench")
+        if restart_for_shared_buffers(admin, args.shared_buffers):
+            server.stop()
+            admin = server.start()
         kdb.upgrade(url)  # re-applies sql/ on a reused server
         with psycopg.connect(url, prepare_threshold=None) as conn:
             register_vector(conn)
@@ -366,6 +375,22 @@ def main() -> None:
         server.stop()
         if args.keep is None:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def restart_for_shared_buffers(admin: str, size: str | None) -> bool:
+    """Set shared_buffers to `size` (None: the embedded server's own); True if a restart must
+    apply it."""
+    with psycopg.connect(admin, autocommit=True) as c:
+        if size:
+            c.execute(f"alter system set shared_buffers = '{size}'")
+        else:
+            c.execute("alter system reset shared_buffers")
+        c.execute("select pg_reload_conf()")
+        time.sleep(1)
+        row = c.execute(
+            "select pending_restart from pg_settings where name = 'shared_buffers'"
+        ).fetchone()
+    return row is not None and bool(row[0])
 
 
 PREWARM = """

@@ -67,7 +67,7 @@ return 'using hnsw ('
            when 'binary' then format('(@extschema:vector@.binary_quantize(embedding)::bit(%s)) @extschema:vector@.bit_hamming_ops',
                                      vector_dimension)
        end
-    || ') with (m = 16, ef_construction = 64)';
+    || ') with (m = 16, ef_construction = 128)';
 comment on function kb._vector_index_definition(text, integer) is
     'The HNSW index clause of a layout (the expressions kb.search_vector orders by).';
 

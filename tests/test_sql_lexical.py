@@ -37,6 +37,13 @@ def set_exhaustive_limit(conn: psycopg.Connection[Any], limit: int) -> None:
     conn.execute("select set_config('kb.lexical_exhaustive_limit', %s, true)", (str(limit),))
 
 
+def set_mask_limit(conn: psycopg.Connection[Any], limit: int | None) -> None:
+    """Below this many filtered chunks the cache's block sums are masked to them (None: the
+    default, 5% of the chunks or 20,000; 0: never)."""
+    value = "" if limit is None else str(limit)
+    conn.execute("select set_config('kb.lexical_mask_limit', %s, true)", (value,))
+
+
 @pytest.fixture
 def fruit(conn: psycopg.Connection[Any]) -> dict[str, int]:
     doc1 = add_doc(conn, "fruit-1")
@@ -183,21 +190,44 @@ def assert_matches_reference(
 ) -> None:
     for query in queries:
         expected = reference_top(conn, query, k, filters.get("groups"))
-        # 0: the cache (with filters: rounds sized by survival); 1000: with a filter keeping
+        # 0: the cache (with filters: its block sums masked to the filtered chunks, or, mask
+        # limit 0, unmasked in rounds sized by survival); 1000: with a filter keeping at most
         # 750 chunks, the filtered rows scored directly; huge: exhaustive from GIN
-        for limit in (0, 1000, 1_000_000_000):
+        for limit, mask in ((0, None), (0, 0), (1000, None), (1_000_000_000, None)):
             set_exhaustive_limit(conn, limit)
+            set_mask_limit(conn, mask)
             rows = lexical(conn, query, k, **filters)
-            assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, limit)
+            assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, limit, mask)
             for row, (_, score) in zip(rows, expected, strict=True):
                 assert row[3] == pytest.approx(score, abs=1e-9)
+
+
+def rescoring_rounds(conn: psycopg.Connection[Any], query: str, **filters: Any) -> int:
+    """How many times one filtered search rescored candidates (calls of kb._bm25_rank)."""
+    conn.execute("set local track_functions = 'pl'")
+
+    def calls() -> int:
+        row = conn.execute(
+            "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
+            " where schemaname = 'kb' and funcname = '_bm25_rank'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = calls()
+    lexical(conn, query, 10, **filters)
+    return calls() - before
 
 
 def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
     rng = random.Random(7)
     vocab = zipf_vocabulary(400, rng)
     weights = [1 / (r + 1) for r in range(len(vocab))]
-    docs = [add_doc(conn, f"z{i}", groups=["even" if i % 2 == 0 else "odd"]) for i in range(60)]
+    # "few": 3 documents in 60, spread over the id range (as one team's in a shared database)
+    docs = [
+        add_doc(conn, f"z{i}", groups=["even" if i % 2 == 0 else "odd", *(["few"] * (i % 20 == 1))])
+        for i in range(60)
+    ]
     for i in range(1500):
         add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 8, 40))
     # several blocks, so the block arithmetic and id mapping are exercised
@@ -215,6 +245,14 @@ def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
     ]
     assert_matches_reference(conn, queries)
     assert_matches_reference(conn, queries[:3], groups=["odd"])
+    assert_matches_reference(conn, queries[:3], groups=["few"])
+    # the mask lets the cache serve a 5% filter in one round of rescoring; unmasked, 19 in 20
+    # cached candidates fail the filter and the rounds repeat
+    set_exhaustive_limit(conn, 0)
+    set_mask_limit(conn, None)
+    assert rescoring_rounds(conn, queries[0], groups=["few"]) == 1
+    set_mask_limit(conn, 0)
+    assert rescoring_rounds(conn, queries[0], groups=["few"]) > 1
 
     # new chunks above the watermark, an updated chunk, deletions, and avgdl drifting > 5%
     for i in range(200):
