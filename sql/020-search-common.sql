@@ -33,6 +33,35 @@ comment on function kb._chunk_filter_sql(text, text, text, text, text[], text, t
     'filters to a kb.chunks alias; only the filters actually given appear, so the planner '
     'sees a plain indexable predicate.';
 
+create or replace function kb._filtered_rows_estimate(
+    filter_sql text,
+    filter_groups text[],
+    filter_category text,
+    filter_labels text[]
+)
+returns bigint
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    sampled bigint;
+begin
+    -- 0.5% of the table's pages, the same ones every time (~2 ms at 1M chunks, where counting
+    -- the rows of a 1% filter read 2,600 pages: 14 ms); a table of under 200 pages may
+    -- sample none and estimate 0, which only sends it down the paths for few rows, cheap there
+    execute format('select pg_catalog.count(*) from kb.chunks c tablesample system (0.5) repeatable (0) '
+                   'where %s', filter_sql)
+       into sampled
+      using filter_groups, filter_category, filter_labels;
+    return sampled * 200;
+end
+$$;
+comment on function kb._filtered_rows_estimate(text, text[], text, text[]) is
+    'An estimate of how many chunks a filter predicate (kb._chunk_filter_sql, parameters $1-$3) '
+    'keeps, from a fixed 0.5% sample of the table''s pages: for choosing a path, never a result.';
+
 create or replace function kb._chunk_matches_filters(
     chunk_groups text[],
     chunk_category text,

@@ -1,8 +1,8 @@
 -- kbpg: the vector arm — cosine top-k over kb.chunks.embedding.
 -- Filters are applied inside the HNSW scan with pgvector's iterative scan (relaxed order,
 -- re-sorted here), so a filter matching 1% of chunks still fills the top-k. When the filter
--- keeps fewer chunks than ~sqrt(180·N) (the measured crossover), the exact path (filtered
--- rows sorted by distance) is both faster and exact.
+-- keeps fewer chunks than ~sqrt(180·N) (the measured crossover; estimated from a sample of the
+-- table's pages), the exact path (filtered rows sorted by distance) is both faster and exact.
 -- Several query embeddings (query expansion: the question and its paraphrases) run one scan
 -- each, and the hits are unioned by each chunk's best (maximum) similarity.
 -- The index scan orders by the expression of the space's layout (kb.embedding_space.layout, see
@@ -77,7 +77,9 @@ begin
     end loop;
     -- without this a pool of 80 would come back as the default ef_search of 40 rows; and the
     -- pool must be the right rows: recall@32 against an exact scan at 200k chunks was .868 with
-    -- ef 2x the pool, .941 with 3x, .992 with 4x (benchmarks/bench_search.py prints it)
+    -- ef 2x the pool, .941 with 3x, .992 with 4x; at 1M chunks (ef_construction 128) .951 with
+    -- 4x (one query in 40 stranded in another cluster of the graph) and .988 with 8x, at about
+    -- twice the vector arm's time (benchmarks/bench_search.py prints it)
     select e.layout, e.dimension into space_layout, space_dimension from kb.embedding_space e;
     order_sql := case space_layout
         when 'halfvec' then pg_catalog.format(
@@ -92,7 +94,7 @@ begin
             nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 8);
     end if;
     perform pg_catalog.set_config('hnsw.ef_search',
-        least(1000, greatest(40, 4 * search_vector.match_count, candidates))::text, true);
+        least(1000, greatest(40, 8 * search_vector.match_count, candidates))::text, true);
     perform pg_catalog.set_config('hnsw.max_scan_tuples',
         greatest(20000, 50 * candidates)::text, true);
     -- under row-level security (kb.access_enable) no filter can use an index (&& is not
@@ -105,10 +107,10 @@ begin
         select coalesce(nullif(pg_catalog.current_setting('kb.vector_exact_limit', true), '')::bigint,
                         greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
           into exact_limit from kb.corpus_stats s;
-        execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c '
-                       'where %s and c.embedding is not null limit %s) s', filter_sql, exact_limit)
-           into filtered_rows
-          using search_vector.groups, search_vector.category, search_vector.labels;
+        -- estimated (counting the rows of a 1% filter at 1M chunks took 14 ms of its 100)
+        filtered_rows := kb._filtered_rows_estimate(
+            filter_sql || ' and c.embedding is not null',
+            search_vector.groups, search_vector.category, search_vector.labels);
         if filtered_rows < exact_limit then
             -- an expression the HNSW index cannot order by: the filtered rows are sorted exactly
             order_sql := '(' || exact_sql || ') operator(pg_catalog.+) 0';

@@ -356,7 +356,6 @@ declare
     filtered_rows bigint;
     filtered_limit bigint;
     mask_limit bigint;
-    estimated_rows double precision;
     masked boolean := false;
     mask_nos integer[];
     masks @extschema:vector@.vector[];
@@ -434,14 +433,10 @@ begin
         mask_limit := coalesce(
             nullif(pg_catalog.current_setting('kb.lexical_mask_limit', true), '')::bigint,
             greatest(20000, n_chunks / 20));
-        -- whether reading the filtered ids is worth it is decided on a sample of 0.5% of the
-        -- table's pages (an unselective filter hides few candidates: the loop below copes)
-        execute format('select pg_catalog.count(*) from kb.chunks c tablesample system (0.5) repeatable (0) '
-                       'where %s', filter_sql)
-           into estimated_rows
-          using search_lexical.groups, search_lexical.category, search_lexical.labels;
-        estimated_rows := estimated_rows * 200;
-        if estimated_rows <= 2 * mask_limit then
+        -- reading the filtered ids is worth it for a selective filter (an unselective one hides
+        -- few candidates: the loop below copes)
+        if kb._filtered_rows_estimate(filter_sql, search_lexical.groups, search_lexical.category,
+                                      search_lexical.labels) <= 2 * mask_limit then
             execute format(
                 'select coalesce(pg_catalog.sum(m.n), 0)::bigint, '
                 '       pg_catalog.array_agg(m.block_no order by m.block_no), '

@@ -104,6 +104,15 @@ def test_populated_0_1_0_database_upgrades_like_a_fresh_one(
     assert "kb.bm25_rank" in {sig.split("(")[0] for sig in released_functions}
 
     kdb.upgrade(old_url)
+    with kdb.connect(old_url) as conn:
+        # an upgrade keeps the HNSW index as it was built (rebuilding one takes minutes to hours
+        # on a large knowledge base); `kbpg index` rebuilds it with today's parameters
+        index = conn.execute(
+            "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+        ).fetchone()
+        assert index is not None and "ef_construction='64'" in index[0]
+        conn.execute("select kb.set_embedding_layout(layout) from kb.embedding_space")
+        conn.commit()
     fresh_url = new_database()
     with kdb.connect(fresh_url) as conn:
         load_rows(conn, rows)
