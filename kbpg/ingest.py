@@ -17,22 +17,22 @@ import numpy as np
 import psycopg
 from psycopg.types.json import Jsonb
 
+from kbpg import db as kdb
 from kbpg import indexing, queries
 from kbpg.app import Connection, KnowledgeBase, Principal
-from kbpg.contextual import ContextTally, contexts_for_document
+from kbpg.batching import BATCH_DOCUMENTS, BatchPreparer, PreparedBatch
+from kbpg.contextual import ContextTally
 from kbpg.embedding import Embedder
 from kbpg.entities import MAX_ENTITY_DOCUMENTS, refresh_edges
-from kbpg.errors import IngestError, InvalidInput
+from kbpg.errors import InvalidInput
 from kbpg.limits import DEFAULT_MAX_FILE_BYTES
 from kbpg.loaders import Document, LoadFailure
 from kbpg.models.chat import ChatClient
+from kbpg.pipeline import Ahead
 from kbpg.prepare import (
     PreparedDocument,
-    chunk_entities,
-    content_hash,
-    document_vectors,
     embed_texts,
-    prepare_document,
+    entities_of,
 )
 from kbpg.sources import discover, iter_documents
 from kbpg.writer import copy_rows, writer
@@ -49,9 +49,6 @@ __all__ = [
     "ingest_paths",
 ]
 
-# One transaction per batch of whole documents; a kill loses at most the batch in flight.
-BATCH_DOCUMENTS = 256
-BATCH_CHARS = 400_000
 # A document of more chunks is embedded and written this many at a time (in its one
 # transaction): memory then holds a slice's vectors, not the document's (a 50 MB text is 100k
 # chunks, 150 MB of float32 384-d vectors). At MiniLM's slowest (~5 chunks/s on 2 busy cores) a
@@ -180,22 +177,29 @@ class _Run:
         kb: KnowledgeBase,
         conn: Connection,
         principal: Principal | None,
+        reader: Connection,
         embedder: Embedder,
         progress: ProgressCallback | None,
         batch_documents: int = BATCH_DOCUMENTS,
         chat: ChatClient | None = None,
     ) -> None:
-        if batch_documents < 1:
-            raise InvalidInput("the batch size must be at least 1 document")
-        self.batch_documents = batch_documents
         self.kb = kb
         self.conn = conn
         self.principal = principal
         self.embedder = embedder
         self.progress = progress
-        self.chat = chat  # contextual retrieval: the model that situates each chunk
         self.summary = IngestSummary()
-        self.seen: set[str] = set()
+        # looks up and prepares the next batches on a second connection while conn writes
+        self.preparer = BatchPreparer(
+            kb,
+            reader,
+            principal,
+            embedder,
+            chat,
+            self.summary.contexts,
+            batch_documents,
+            SLICE_CHUNKS,
+        )
         self.started = time.perf_counter()
         self._pending_failures: list[LoadFailure] = []
 
@@ -217,79 +221,28 @@ class _Run:
         self._pending_failures = []
 
     def run(self, items: Iterable[Document | LoadFailure]) -> None:
-        batch: list[Document] = []
-        chars = 0
-        for item in items:
-            if isinstance(item, LoadFailure):
-                self.fail(item)
-                self.report()
-                continue
-            if item.source in self.seen:
-                self.fail(LoadFailure(item.source, "duplicate source in this ingest; skipped"))
-                continue
-            self.seen.add(item.source)
-            batch.append(item)
-            chars += len(item.text)
-            if len(batch) >= self.batch_documents or chars >= BATCH_CHARS:
-                self.write_batch(batch)
-                batch, chars = [], 0
-        if batch:
-            self.write_batch(batch)
+        """Batches are prepared on a thread (kbpg.pipeline) while this one writes the last."""
+        with Ahead(self.preparer.batches(items)) as batches:
+            for batch in batches:
+                self._store(batch)
 
-    def write_batch(self, documents: list[Document]) -> None:
+    def _store(self, batch: PreparedBatch) -> None:
+        """Write one prepared batch: its documents in one transaction (or each in its own when a
+        document's data fails it), a document of over SLICE_CHUNKS chunks a slice at a time."""
         t0 = time.perf_counter()
-        digests = [content_hash(d) for d in documents]
-        with self.transaction():
-            found = self.conn.execute(
-                queries.EXISTING_DOCUMENTS, ([d.source for d in documents],)
-            ).fetchall()
-        existing = {source: (int(doc_id), digest) for source, doc_id, digest in found}
-        t1 = time.perf_counter()
-        prepared: list[PreparedDocument] = []
-        for document, digest in zip(documents, digests, strict=True):
-            old = existing.get(document.source)
-            if old is not None and old[1] == digest:
-                self.summary.unchanged += 1
-                continue
-            try:
-                item = prepare_document(document, digest, self.embedder)
-            except IngestError as exc:
-                self.fail(LoadFailure(document.source, exc.message))
-                continue
-            except Exception as exc:  # whatever chunking raises fails this document only
-                self.fail(LoadFailure(document.source, f"{type(exc).__name__}: {exc}"))
-                continue
-            if not item.chunks:
-                self.fail(LoadFailure(document.source, "no text to index"))
-                continue
-            item.existing_id = old[0] if old is not None else None
-            item.is_new = old is None
-            prepared.append(item)
-        if self.chat is not None:
-            # model calls run outside any transaction: a slow model holds no lock or snapshot
-            for item in prepared:
-                item.contexts, keys = contexts_for_document(
-                    self.chat,
-                    item.document.title or item.document.source,
-                    [c.content for c in item.chunks],
-                    self.summary.contexts,
-                )
-                item.context_keys = list(keys)
-        t2 = time.perf_counter()
-        whole = [p for p in prepared if len(p.chunks) <= SLICE_CHUNKS]
-        vectors = document_vectors(whole, self.embedder)
-        t3 = time.perf_counter()
-        written = self._write_batch(whole, vectors) if whole else []
+        for failure in batch.failures:
+            self.fail(failure)
+        self.summary.unchanged += batch.unchanged
+        written = self._write_batch(batch.whole, batch.vectors) if batch.whole else []
         self.summary.chunks += sum(len(p.chunks) for p in written)
         embed_s = self.summary.embed_s
-        for item in prepared:
-            if len(item.chunks) > SLICE_CHUNKS and self._write_sliced(item):
+        for item in batch.sliced:
+            if self._write_sliced(item):
                 written.append(item)
-        t4 = time.perf_counter()
-        self.summary.prepare_s += t2 - t1
-        self.summary.embed_s += t3 - t2
-        sliced_embed_s = self.summary.embed_s - embed_s - (t3 - t2)
-        self.summary.database_s += (t1 - t0) + (t4 - t3) - sliced_embed_s
+        sliced_embed_s = self.summary.embed_s - embed_s
+        self.summary.prepare_s += batch.prepare_s
+        self.summary.embed_s += batch.embed_s
+        self.summary.database_s += batch.lookup_s + time.perf_counter() - t0 - sliced_embed_s
         for item in written:
             if item.is_new:
                 self.summary.added += 1
@@ -475,7 +428,7 @@ class _Run:
                             copy.write_row((ids[p.existing_id or 0, ordinal], target, fragment))
             with cur.copy(queries.COPY_ENTITIES) as copy:
                 for p, start, stop in parts:
-                    for ordinal, entity in chunk_entities(p.chunks[start:stop]):
+                    for ordinal, entity in entities_of(p, start, stop):
                         copy.write_row((entity, ids[p.existing_id or 0, ordinal]))
 
     def delete(self, document_ids: Sequence[int]) -> int:
@@ -523,16 +476,21 @@ def _ingest(
     model = embedder or kb.embedder
     wanted = kb.settings.models.contextual if contextual is None else contextual
     chat = kb.models.chat() if wanted else None
-    with writer(kb, principal) as conn:
+    with writer(kb, principal) as conn, contextlib.closing(kdb.connect(kb.url)) as reader:
+        reader.autocommit = True
         _register_space(kb, conn, principal, model)
-        run = _Run(kb, conn, principal, model, progress, batch_documents, chat)
+        run = _Run(kb, conn, principal, reader, model, progress, batch_documents, chat)
         indexing.defer_index(conn, run.transaction, expected_chunks)
         run.run(items)
         if prunable is not None:
             with run.transaction():
                 known = conn.execute(queries.ALL_DOCUMENTS).fetchall()
             run.delete(
-                [int(i) for i, source in known if source not in run.seen and prunable(source)]
+                [
+                    int(i)
+                    for i, source in known
+                    if source not in run.preparer.seen and prunable(source)
+                ]
             )
         t0 = time.perf_counter()
         indexing.ensure_index(conn, kb.url, index_progress, run.transaction)

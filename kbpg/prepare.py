@@ -6,7 +6,7 @@ import hashlib
 import json
 import re
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -82,6 +82,8 @@ class PreparedDocument:
     links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
     contexts: list[str | None] = field(default_factory=list)  # contextual retrieval, by ordinal
     context_keys: list[str | None] = field(default_factory=list)
+    # (ordinal, entity) found ahead of the write (kbpg.batching); None: found as chunks are written
+    entities: list[tuple[int, str]] | None = None
 
 
 def prepare_document(document: Document, digest: str, embedder: Embedder) -> PreparedDocument:
@@ -118,6 +120,13 @@ def chunk_entities(chunks: Sequence[Chunk]) -> Iterator[tuple[int, str]]:
     for chunk in chunks:
         for entity in sorted(extract_entities(chunk.content)):
             yield chunk.ordinal, entity
+
+
+def entities_of(item: PreparedDocument, start: int, stop: int) -> Iterable[tuple[int, str]]:
+    """(ordinal, entity) for chunks `start:stop` of a document: found ahead, or found now."""
+    if item.entities is None:
+        return chunk_entities(item.chunks[start:stop])
+    return [found for found in item.entities if start <= found[0] < stop]
 
 
 def precomputed_chunk(document: Document, embedder: Embedder) -> list[Chunk]:

@@ -1,0 +1,82 @@
+"""Working ahead: a generator run on a thread of its own, its items handed over in order."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from typing import Generic, TypeVar
+
+T = TypeVar("T")
+
+_POLL_S = 0.1
+# Leaving on an exception (Ctrl-C included) waits this long for the item being made (a batch
+# being embedded), then leaves the daemon thread to stop at its next item.
+_GRACE_S = 10.0
+
+
+class _Done:
+    pass
+
+
+class _Raised:
+    def __init__(self, exc: BaseException) -> None:
+        self.exc = exc
+
+
+class Ahead(Generic[T]):
+    """Iterates `items` on a thread, at most `depth` items ahead of the consumer.
+
+    Ingest prepares the next batch (parsing, entities, the model) while PostgreSQL writes this
+    one: the two then use both cores. What `items` raises is raised to the consumer, in order.
+    Leaving the block stops the thread at its next item and closes `items` there; it waits
+    for that (on an exception at most _GRACE_S, so that Ctrl-C is not held up by a batch).
+    """
+
+    def __init__(self, items: Iterator[T], depth: int = 2, name: str = "kbpg-ahead") -> None:
+        if depth < 1:
+            raise ValueError("depth must be at least 1")
+        self._items = items
+        self._queue: queue.Queue[T | _Done | _Raised] = queue.Queue(maxsize=depth)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
+
+    def _put(self, item: T | _Done | _Raised) -> bool:
+        """Hand over an item; False when the consumer has gone."""
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=_POLL_S)
+                return True
+            except queue.Full:
+                continue
+        return False
+
+    def _produce(self) -> None:
+        try:
+            for item in self._items:
+                if not self._put(item):
+                    return
+            self._put(_Done())
+        except BaseException as exc:  # handed to the consumer, raised there
+            self._put(_Raised(exc))
+        finally:
+            close = getattr(self._items, "close", None)
+            if callable(close):
+                close()
+
+    def __enter__(self) -> Ahead[T]:
+        self._thread.start()
+        return self
+
+    def __iter__(self) -> Iterator[T]:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, _Done):
+                return
+            if isinstance(item, _Raised):
+                raise item.exc
+            yield item
+
+    def __exit__(self, exc_type: type[BaseException] | None, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=None if exc_type is None else _GRACE_S)
