@@ -290,3 +290,59 @@ def test_refresh_is_incremental_below_drift(conn):
         "select * from kb.refresh_lexical_index(full_rebuild => true)"
     ).fetchone()
     assert rebuilt is not None and rebuilt[0] >= 4
+
+
+# What revision 0008's generated columns computed; revision 0009's trigger must agree.
+TEXT_0008 = (
+    "setweight(to_tsvector('english', section), 'A')"
+    " || setweight(to_tsvector('english', content), 'B')"
+    " || setweight(to_tsvector('english', coalesce(context, '')), 'C')"
+)
+
+
+def text_search_columns(conn: psycopg.Connection[Any], chunk: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        f"select tsv::text, token_count, ({TEXT_0008})::text,"
+        f" kb.tsvector_token_count({TEXT_0008}) from kb.chunks where id = %s",
+        (chunk,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_tsvector_and_token_count_follow_the_text(conn: psycopg.Connection[Any]) -> None:
+    doc = add_doc(conn, "text-search")
+    chunk = add_chunk(conn, doc, "Renewing a parking permit: the permits office", section="Permits")
+    tsv, count, expected_tsv, expected_count = text_search_columns(conn, chunk)
+    assert (
+        (tsv, count)
+        == (expected_tsv, expected_count)
+        == (
+            "'offic':8B 'park':4B 'permit':1A,5B,7B 'renew':2B",
+            6,
+        )
+    )
+    conn.execute("update kb.chunks set context = 'Council fees page.' where id = %s", (chunk,))
+    tsv, count, expected_tsv, expected_count = text_search_columns(conn, chunk)
+    assert (tsv, count) == (expected_tsv, expected_count) and "'council':9C" in tsv
+    # a new embedding leaves the text search columns alone; values written to them are replaced
+    conn.execute(
+        "update kb.chunks set embedding = null, tsv = 'forged', token_count = 99 where id = %s",
+        (chunk,),
+    )
+    assert text_search_columns(conn, chunk)[:2] == (expected_tsv, expected_count)
+    conn.execute("update kb.chunks set labels = '{x}' where id = %s", (chunk,))
+    assert text_search_columns(conn, chunk)[:2] == (expected_tsv, expected_count)
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            "copy kb.chunks (document_id, ordinal, content, tsv, token_count) from stdin"
+        ) as copy,
+    ):
+        copy.write_row((doc, 1, "Bins are collected weekly", "'forged'", 1))
+    copied = conn.execute(
+        "select id from kb.chunks where ordinal = 1 and document_id = %s", (doc,)
+    ).fetchone()
+    assert copied is not None
+    tsv, count, expected_tsv, expected_count = text_search_columns(conn, copied[0])
+    assert (tsv, count) == (expected_tsv, expected_count) == ("'bin':1B 'collect':3B 'week':4B", 3)
