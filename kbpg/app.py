@@ -191,6 +191,16 @@ class KnowledgeBase:
                 self._embedder = embedder
             return self._embedder
 
+    def document_embedder(self) -> Embedder:
+        """The model as ingest uses it: loaded by its first use, so that a load whose records
+        all carry their vectors neither runs nor holds it (MiniLM: ~200 MB of RSS)."""
+        with self._embedder_lock:
+            if self._embedder is not None:
+                return self._embedder
+        from kbpg.embedding import get_embedder
+
+        return get_embedder(self.settings, self._embedder_name)  # the one `embedder` loads
+
     # -- connections and sessions ----------------------------------------------------------
 
     def _pool_for(self, write: bool) -> ConnectionPool | None:

@@ -473,7 +473,7 @@ def _ingest(
     the HNSW index once after the rows are in (indexing.defer_index), reporting its progress.
     `contextual` (default KBPG_CONTEXTUAL): a chat model writes each chunk's context.
     """
-    model = embedder or kb.embedder
+    model = embedder or kb.document_embedder()
     wanted = kb.settings.models.contextual if contextual is None else contextual
     chat = kb.models.chat() if wanted else None
     with writer(kb, principal) as conn, contextlib.closing(kdb.connect(kb.url)) as reader:

@@ -12,8 +12,10 @@ import numpy as np
 import pytest
 
 from kbpg import db as kdb
-from kbpg import indexing
+from kbpg import embedding, indexing
+from kbpg.app import KnowledgeBase
 from kbpg.embedding import Embedder
+from kbpg.ingest import ingest_paths
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import run_kbpg
 from tests.test_layouts import executed_plans
@@ -149,6 +151,23 @@ def test_jsonl_with_precomputed_embeddings(
     jsonl(path, good)
     again = run_kbpg("ingest", str(path), env=cli_env)
     assert "added 0, updated 1, unchanged 2" in again.stderr
+
+
+def test_a_load_of_embedded_records_never_loads_the_model(
+    tmp_path: Path, db_url: str, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(embedding, "_cache", {})  # as in a process that has not loaded MiniLM
+    text = "Bulky waste is collected on the first Monday of the month."
+    record = {"id": "bins", "text": text, "embedding": embedder.embed_query(text).tolist()}
+    path = jsonl(tmp_path / "embedded.jsonl", [record])
+    with KnowledgeBase(db_url, pool_size=1, embedder_name="minilm") as kb:
+        summary = ingest_paths(kb, [path])
+        assert (summary.added, summary.chunks, summary.failed) == (1, 1, 0)
+        model = embedding.get_embedder(kb.settings, "minilm")
+        assert "session" not in vars(model) and "tokenizer" not in vars(model)
+        assert kb.embedder is model and "session" in vars(model)  # a search loads it
+        hits = kb.search("when are bulky items collected", top=1)
+        assert [h.source for h in hits.chunks] == ["bins"]
 
 
 def test_first_load_builds_the_index_after_the_rows(
