@@ -35,7 +35,7 @@ from kbpg.prepare import (
     entities_of,
 )
 from kbpg.sources import discover, iter_documents
-from kbpg.writer import copy_rows, writer
+from kbpg.writer import copy_chunk_rows, copy_rows, writer
 
 _log = logging.getLogger(__name__)
 
@@ -169,34 +169,6 @@ def _reason(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}".splitlines()[0]
 
 
-def _copy_chunks(
-    copy: Any, parts: list[tuple[PreparedDocument, int, int]], vectors: np.ndarray[Any, Any]
-) -> None:
-    """Rows for COPY_CHUNKS: chunks `start:stop` of each part, `vectors` row by row."""
-    copy.set_types(queries.CHUNK_TYPES)
-    row = 0
-    for p, start, stop in parts:
-        d = p.document
-        groups, labels = sorted(set(d.groups)), sorted(set(d.labels))
-        for i in range(start, stop):
-            chunk = p.chunks[i]
-            copy.write_row(
-                (
-                    p.existing_id,
-                    chunk.ordinal,
-                    chunk.section,
-                    chunk.content,
-                    groups,
-                    d.category,
-                    labels,
-                    vectors[row],
-                    p.contexts[i] if p.contexts else None,
-                    p.context_keys[i] if p.context_keys else None,
-                )
-            )
-            row += 1
-
-
 class _Run:
     """One ingest run: batches documents, embeds them together, writes each batch atomically."""
 
@@ -324,7 +296,7 @@ class _Run:
                 del texts
                 self.summary.embed_s += time.perf_counter() - t0
                 with self.conn.cursor() as cur, cur.copy(copy_stage) as copy:
-                    _copy_chunks(copy, [(item, start, stop)], vectors)
+                    copy_chunk_rows(copy, [(item, start, stop)], vectors)
                 self.summary.chunks += stop - start
                 self.report()
             self.conn.execute(insert)
@@ -420,7 +392,7 @@ class _Run:
         """Chunks `start:stop` of each (document, start, stop), `vectors` row by row in that
         order, then their edges, links and entities."""
         with self.conn.cursor() as cur, copy_rows(cur, queries.COPY_CHUNKS, staged) as copy:
-            _copy_chunks(copy, parts, vectors)
+            copy_chunk_rows(copy, parts, vectors)
         self._write_relations(parts, staged)
 
     def _write_relations(

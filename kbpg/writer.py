@@ -7,6 +7,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import numpy as np
 import psycopg
 from psycopg.pq import TransactionStatus
 
@@ -14,6 +15,7 @@ from kbpg import db as kdb
 from kbpg import queries
 from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.errors import Busy
+from kbpg.prepare import PreparedDocument
 from kbpg.sources import printable
 
 _log = logging.getLogger("kbpg.ingest")
@@ -35,6 +37,34 @@ def copy_rows(cur: Any, copy_sql: str, staged: bool) -> Iterator[Any]:
         yield copy
     cur.execute(insert)
     cur.execute(drop)
+
+
+def copy_chunk_rows(
+    copy: Any, parts: list[tuple[PreparedDocument, int, int]], vectors: np.ndarray[Any, Any]
+) -> None:
+    """Rows for COPY_CHUNKS: chunks `start:stop` of each part, `vectors` row by row."""
+    copy.set_types(queries.CHUNK_TYPES)
+    row = 0
+    for p, start, stop in parts:
+        d = p.document
+        groups, labels = sorted(set(d.groups)), sorted(set(d.labels))
+        for i in range(start, stop):
+            chunk = p.chunks[i]
+            copy.write_row(
+                (
+                    p.existing_id,
+                    chunk.ordinal,
+                    chunk.section,
+                    chunk.content,
+                    groups,
+                    d.category,
+                    labels,
+                    vectors[row],
+                    p.contexts[i] if p.contexts else None,
+                    p.context_keys[i] if p.context_keys else None,
+                )
+            )
+            row += 1
 
 
 @contextlib.contextmanager

@@ -96,6 +96,35 @@ def test_writer_principal_ingests_and_sees_every_group(
     )
 
 
+def test_writer_principal_ingests_a_document_larger_than_a_slice(
+    kb: tuple[Retriever, dict[str, Principal]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under row-level security a large document's slices still go through a stage (COPY is
+    refused there) and into kb.chunks by an INSERT the policies check."""
+    from kbpg import ingest
+    from kbpg.ingest import Document, ingest_documents
+    from tests.test_ingest_loaders import long_text
+
+    monkeypatch.setattr(ingest, "SLICE_CHUNKS", 4)
+    retriever, who = kb
+    kaccess.set_enforced(retriever, True)
+    text = long_text(1200) + "\n\nZebra clause."
+    handbook = Document(source="handbook.md", title="Handbook", text=text, groups=["legal"])
+    summary = ingest_documents(retriever, [handbook], principal=who["walt"])
+    assert (summary.added, summary.failed) == (1, 0)
+    assert summary.chunks > 8
+    with psycopg.connect(retriever.url) as conn:
+        stored = conn.execute(
+            "select count(*), count(distinct e.src_chunk_id) from kb.chunks c"
+            " join kb.documents d on d.id = c.document_id"
+            " left join kb.edges e on e.src_chunk_id = c.id and e.relation = 'next'"
+            " where d.source = 'handbook.md'"
+        ).fetchone()
+    assert stored == (summary.chunks, summary.chunks - 1)
+    hits = retriever.search("zebra clause", top=3, principal=who["walt"])
+    assert hits.chunks[0].source == "handbook.md"
+
+
 def test_readers_get_permission_errors_with_a_hint(
     kb: tuple[Retriever, dict[str, Principal]],
 ) -> None:
