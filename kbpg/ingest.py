@@ -50,10 +50,13 @@ __all__ = [
 ]
 
 # A document of more chunks is embedded and written this many at a time (in its one
-# transaction): memory then holds a slice's vectors, not the document's (a 50 MB text is 100k
-# chunks, 150 MB of float32 384-d vectors). At MiniLM's slowest (~5 chunks/s on 2 busy cores) a
-# slice embeds in ~200 s, inside the 5-minute idle-in-transaction timeout.
+# transaction): memory then holds a slice's rows, not the document's (a 50 MB text is 100k
+# chunks, 150 MB of float32 384-d vectors). Its chunks are embedded and copied to a stage
+# EMBED_STEP at a time, so the transaction waits for the model at most that long between
+# statements (1,024 chunks at MiniLM's 6 chunks/s on a busy machine outlived the 5-minute
+# idle-in-transaction timeout).
 SLICE_CHUNKS = 1024
+EMBED_STEP = 64
 # Reading order is a weaker relation than an explicit link (kbpg.entities.WEIGHT_LINK).
 WEIGHT_NEXT = 0.8
 
@@ -276,8 +279,8 @@ class _Run:
     def _write_sliced(self, item: PreparedDocument) -> bool:
         """A document of more than SLICE_CHUNKS chunks: embedded and written a slice at a time,
         all in one transaction (it is stored whole or not at all), so memory holds one slice's
-        vectors and rows, not the document's. Its model calls run inside that transaction: a
-        slice's embedding must take less than KBPG_IDLE_IN_TRANSACTION_TIMEOUT (5 min)."""
+        vectors and rows, not the document's. Its model calls run inside that transaction,
+        EMBED_STEP chunks between statements (within KBPG_IDLE_IN_TRANSACTION_TIMEOUT)."""
         chunks = self.summary.chunks
 
         def write() -> None:
@@ -290,13 +293,17 @@ class _Run:
             n = len(item.chunks)
             slices = [(start, min(start + SLICE_CHUNKS, n)) for start in range(0, n, SLICE_CHUNKS)]
             for start, stop in slices:
-                t0 = time.perf_counter()
-                texts = embed_texts(item, self.embedder, start, stop)
-                vectors = self.embedder.embed_documents(texts)
-                del texts
-                self.summary.embed_s += time.perf_counter() - t0
-                with self.conn.cursor() as cur, cur.copy(copy_stage) as copy:
-                    copy_chunk_rows(copy, [(item, start, stop)], vectors)
+                # a COPY every EMBED_STEP chunks: the transaction never waits idle for the model
+                # longer than that takes (KBPG_IDLE_IN_TRANSACTION_TIMEOUT would end it)
+                for step in range(start, stop, EMBED_STEP):
+                    end = min(step + EMBED_STEP, stop)
+                    t0 = time.perf_counter()
+                    texts = embed_texts(item, self.embedder, step, end)
+                    vectors = self.embedder.embed_documents(texts)
+                    del texts
+                    self.summary.embed_s += time.perf_counter() - t0
+                    with self.conn.cursor() as cur, cur.copy(copy_stage) as copy:
+                        copy_chunk_rows(copy, [(item, step, end)], vectors)
                 self.summary.chunks += stop - start
                 self.report()
             self.conn.execute(insert)

@@ -195,3 +195,29 @@ def test_a_long_text_is_hashed_piece_by_piece_to_the_same_digest(
     monkeypatch.setattr(prepare, "_HASH_PIECE_CHARS", 7)
     changed = Document(**{**document.__dict__, "sections": document.sections[:2]})
     assert prepare.content_hash(changed) != whole
+
+
+def test_a_slow_model_never_leaves_the_transaction_idle_past_its_timeout(
+    db_url: str, embedder: Embedder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A slice takes longer to embed than the idle-in-transaction timeout: its chunks are
+    embedded and staged a step at a time, so the transaction is never idle that long."""
+    import dataclasses
+
+    from kbpg.config import Settings
+
+    assert isinstance(embedder, MiniLMEmbedder)
+    monkeypatch.setattr(ingest, "SLICE_CHUNKS", 8)
+    monkeypatch.setattr(ingest, "EMBED_STEP", 1)
+    settings = dataclasses.replace(Settings.from_env(), idle_in_transaction_timeout_ms=3000)
+    big = Document(source="big", title="Big", text=long_text(1500))
+    n = chunk_count(big, embedder)
+    with EmbeddingServer(embedder) as server:
+        server.slow_s = 1.0  # a slice of 8 chunks: over 8 s of model calls, a step over 1 s
+        server.script = ["slow"] * n
+        remote = OpenAIEmbedder(server.base_url, server.model, dimension=384)
+        with KnowledgeBase(db_url, remote, settings=settings, pool_size=1) as knowledge_base:
+            summary = ingest_documents(knowledge_base, [big])
+        assert server.batches == [1] * n
+    assert (summary.added, summary.failed, summary.chunks) == (1, 0, n)
+    assert rows(db_url, "select count(*) from kb.chunks") == [(n,)]
