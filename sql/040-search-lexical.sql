@@ -356,6 +356,7 @@ declare
     filtered_rows bigint;
     filtered_limit bigint;
     mask_limit bigint;
+    estimated_rows bigint;
     masked boolean := false;
     mask_nos integer[];
     masks @extschema:vector@.vector[];
@@ -434,10 +435,19 @@ begin
         mask_limit := coalesce(
             nullif(pg_catalog.current_setting('kb.lexical_mask_limit', true), '')::bigint,
             greatest(20000, n_chunks / 20));
-        -- reading the filtered ids is worth it for a selective filter (an unselective one hides
-        -- few candidates: the loop below copes)
-        if kb._filtered_rows_estimate(filter_sql, search_lexical.groups, search_lexical.category,
-                                      search_lexical.labels) <= 2 * mask_limit then
+        estimated_rows := kb._filtered_rows_estimate(filter_sql, search_lexical.groups,
+                                                     search_lexical.category, search_lexical.labels);
+        -- few (scored directly, below) or many (an unselective filter hides few candidates:
+        -- the loop below copes): counted up to filtered_limit
+        if estimated_rows < 2 * filtered_limit or estimated_rows > 2 * mask_limit then
+            execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
+                           filter_sql, filtered_limit)
+               into filtered_rows
+              using search_lexical.groups, search_lexical.category, search_lexical.labels;
+        end if;
+        -- in between: the mask, which also counts them
+        if coalesce(filtered_rows, filtered_limit) >= filtered_limit
+           and estimated_rows <= 2 * mask_limit then
             execute format(
                 'select coalesce(pg_catalog.sum(m.n), 0)::bigint, '
                 '       pg_catalog.array_agg(m.block_no order by m.block_no), '
@@ -454,12 +464,7 @@ begin
                into filtered_rows, mask_nos, masks
               using search_lexical.groups, search_lexical.category, search_lexical.labels,
                     state.block_size::bigint;
-            masked := filtered_rows < mask_limit;
-        else
-            execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
-                           filter_sql, filtered_limit)
-               into filtered_rows
-              using search_lexical.groups, search_lexical.category, search_lexical.labels;
+            masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
         end if;
         exhaustive := filtered_rows < filtered_limit;
         filter_first := filtered_rows < df_total;
