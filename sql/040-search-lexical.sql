@@ -513,28 +513,25 @@ begin
         block_nos := '{}';
         block_scores := '{}';
         for block in
-            select s.block_no,
-                   case when masked then s.scores operator(@extschema:vector@.*) m.mask
-                        else s.scores end as scores,
-                   s.ratio
-              from (select b.block_no,
-                           @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
-                           max(t.idf / b.idf) as ratio
-                      from unnest(terms, idfs) as t(lexeme, idf)
-                      join kb.lexical_blocks b on b.lexeme = t.lexeme
-                     where t.lexeme <> all (rare_terms)
-                       -- a split cache: the groups filter picks the classes (a class is a
-                       -- chunk's groups)
-                       and (not state.split_by_groups or coalesce(cardinality(search_lexical.groups), 0) = 0
-                            or b.groups operator(pg_catalog.&&) search_lexical.groups)
-                       -- masked: only the blocks holding chunks the filters keep
-                       and (not masked or b.block_no = any (mask_nos))
-                     group by b.block_no) s
-              left join unnest(mask_nos, masks) as m(block_no, mask) on masked and m.block_no = s.block_no
-             order by s.block_no
+            select b.block_no,
+                   @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
+                   max(t.idf / b.idf) as ratio
+              from unnest(terms, idfs) as t(lexeme, idf)
+              join kb.lexical_blocks b on b.lexeme = t.lexeme
+             where t.lexeme <> all (rare_terms)
+               -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
+               and (not state.split_by_groups or coalesce(cardinality(search_lexical.groups), 0) = 0
+                    or b.groups operator(pg_catalog.&&) search_lexical.groups)
+               -- masked: only the blocks holding chunks the filters keep
+               and (not masked or b.block_no = any (mask_nos))
+             group by b.block_no
+             order by b.block_no
         loop
             block_nos[cardinality(block_nos) + 1] := block.block_no;
-            block_scores[cardinality(block_scores) + 1] := block.scores;
+            -- (multiplied here: a join with unnest(masks) copied every 64 kB mask once a block)
+            block_scores[cardinality(block_scores) + 1] := case when masked
+                then block.scores operator(@extschema:vector@.*) masks[pg_catalog.array_position(mask_nos, block.block_no)]
+                else block.scores end;
             idf_ratio := greatest(idf_ratio, block.ratio);
         end loop;
         idf_ratio := coalesce(idf_ratio, 1);
