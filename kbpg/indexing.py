@@ -172,11 +172,14 @@ def defer_index(conn: psycopg.Connection[Any], begin: Begin, incoming_chunks: in
 
     Building the graph once after the rows are in is far faster than inserting every row into
     it (COPY into an indexed table pays an HNSW insert per row); searches meanwhile run exact
-    scans.
+    scans. A role that does not own kb.chunks (a writer under access control) may neither
+    drop nor build the index: it loads with the index kept.
     """
     with begin():
         row = conn.execute(queries.SPACE_LAYOUT_AND_CHUNKS).fetchone()
         if row is None or not index_present(conn):
+            return False
+        if conn.execute(queries.MAY_REBUILD_VECTOR_INDEX).fetchone() != (True,):
             return False
         existing = int(row[1])
         if existing > 0 and (incoming_chunks is None or incoming_chunks <= existing):
@@ -191,10 +194,13 @@ def ensure_index(
     progress: ProgressCallback | None = None,
     begin: Begin | None = None,
 ) -> bool:
-    """Build the HNSW index when the space has none (a deferred or interrupted load); True if built."""
+    """Build the HNSW index when the space has none (a deferred or interrupted load) and this
+    role may (it owns kb.chunks: see defer_index); True if built."""
     with (begin or conn.transaction)():
-        missing = not index_present(conn) and (
-            conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is not None
+        missing = (
+            not index_present(conn)
+            and conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is not None
+            and conn.execute(queries.MAY_REBUILD_VECTOR_INDEX).fetchone() == (True,)
         )
     if missing:
         set_layout(conn, url, None, progress, begin)

@@ -319,4 +319,9 @@ VECTOR_INDEX_PRESENT: Final = (
     "select pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null"
 )
 DROP_VECTOR_INDEX: Final = "drop index kb.chunks_embedding_hnsw"
+# dropping or building the index takes its owner's privileges (those of kb.chunks' owner)
+MAY_REBUILD_VECTOR_INDEX: Final = (
+    "select pg_catalog.pg_has_role(c.relowner, 'USAGE') from pg_catalog.pg_class c"
+    " where c.oid = 'kb.chunks'::pg_catalog.regclass"
+)
 HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"

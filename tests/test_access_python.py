@@ -125,6 +125,35 @@ def test_writer_principal_ingests_a_document_larger_than_a_slice(
     assert hits.chunks[0].source == "handbook.md"
 
 
+def test_writer_principal_loads_a_collection_larger_than_the_knowledge_base(
+    kb: tuple[Retriever, dict[str, Principal]], tmp_path: Path
+) -> None:
+    """A load that at least doubles the knowledge base drops the HNSW index to build it after
+    the rows, but only the table's owner may drop or build it: a writer role loads with the
+    index kept (it failed with "must be owner of index chunks_embedding_hnsw")."""
+    from tests.test_ingest_loaders import long_text
+
+    retriever, who = kb
+    kaccess.set_enforced(retriever, True)
+    bulk = tmp_path / "bulk"
+    bulk.mkdir()
+    for i in range(6):
+        (bulk / f"part{i}.md").write_text(f"# Part {i}\n\n" + long_text(900) + f" walrus{i}\n")
+    summary = ingest_paths(retriever, [bulk], groups=["legal"], principal=who["walt"])
+    assert (summary.added, summary.failed) == (6, 0)
+    with psycopg.connect(retriever.url) as conn:
+        counts = conn.execute(
+            "select count(*) filter (where d.source like %s), count(*) from kb.chunks c"
+            " join kb.documents d on d.id = c.document_id",
+            (str(bulk) + "%",),
+        ).fetchone()
+        index = conn.execute("select to_regclass('kb.chunks_embedding_hnsw')").fetchone()
+    assert counts is not None and counts[0] == summary.chunks and 2 * counts[0] > counts[1]
+    assert index == ("kb.chunks_embedding_hnsw",)
+    hits = retriever.search("walrus3", top=3, principal=who["walt"])
+    assert Path(hits.chunks[0].source).name == "part3.md"
+
+
 def test_readers_get_permission_errors_with_a_hint(
     kb: tuple[Retriever, dict[str, Principal]],
 ) -> None:
