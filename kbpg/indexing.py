@@ -165,6 +165,12 @@ def index_present(conn: psycopg.Connection[Any]) -> bool:
     return row == (True,)
 
 
+def may_rebuild_index(conn: psycopg.Connection[Any]) -> bool:
+    """Whether this role may drop and build the HNSW index (it has kb.chunks' owner's rights)."""
+    row = conn.execute(queries.MAY_REBUILD_VECTOR_INDEX).fetchone()
+    return row == (True,)
+
+
 def defer_index(conn: psycopg.Connection[Any], begin: Begin, incoming_chunks: int | None) -> bool:
     """Drop the HNSW index before a load into an empty knowledge base, or one that the load
     (`incoming_chunks`, an estimate) at least doubles; True when the caller must rebuild it
@@ -179,7 +185,7 @@ def defer_index(conn: psycopg.Connection[Any], begin: Begin, incoming_chunks: in
         row = conn.execute(queries.SPACE_LAYOUT_AND_CHUNKS).fetchone()
         if row is None or not index_present(conn):
             return False
-        if conn.execute(queries.MAY_REBUILD_VECTOR_INDEX).fetchone() != (True,):
+        if not may_rebuild_index(conn):
             return False
         existing = int(row[1])
         if existing > 0 and (incoming_chunks is None or incoming_chunks <= existing):
@@ -200,7 +206,7 @@ def ensure_index(
         missing = (
             not index_present(conn)
             and conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is not None
-            and conn.execute(queries.MAY_REBUILD_VECTOR_INDEX).fetchone() == (True,)
+            and may_rebuild_index(conn)
         )
     if missing:
         set_layout(conn, url, None, progress, begin)
