@@ -84,17 +84,21 @@ def load(
     n_groups: int = 100,
     layout: str | None = None,
     grouped: bool = False,
+    assign: Callable[[int], tuple[str, str]] | None = None,
 ) -> dict[str, Any]:
     """Documents of 10 chunks, document d in category cat{d % 10} and group g{d % n_groups}
     (interleaved: every id range holds every group) or, `grouped`, each group's documents
-    loaded together (as when each group's folder is ingested on its own)."""
+    loaded together (as when each group's folder is ingested on its own); `assign` gives
+    document d's (group, category) instead."""
     rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
     words, probs, npl_queries = word_distribution(rng)
     n_docs = max(1, n_chunks // 10)
 
-    def group(d: int) -> str:
-        return f"g{d * n_groups // n_docs}" if grouped else f"g{d % n_groups}"
+    def labels(d: int) -> tuple[str, str]:
+        if assign is not None:
+            return assign(d)
+        return (f"g{d * n_groups // n_docs}" if grouped else f"g{d % n_groups}", f"cat{d % 10}")
 
     centroids = nrng.normal(size=(500, DIM)).astype(np.float32)
     conn.execute("select kb.set_embedding_space('bench-384', %s, %s)", (DIM, layout))
@@ -109,7 +113,8 @@ def load(
             "copy kb.documents (source, title, category, groups, content_hash) from stdin"
         ) as copy:
             for d in range(n_docs):
-                copy.write_row((f"doc-{d}", f"Document {d}", f"cat{d % 10}", [group(d)], "h"))
+                group, category = labels(d)
+                copy.write_row((f"doc-{d}", f"Document {d}", category, [group], "h"))
         doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
     conn.commit()
 
@@ -134,21 +139,46 @@ def load(
                 n = int(lengths[i])
                 text = " ".join(words[j] for j in drawn[offset : offset + n])
                 offset += n
-                d = i // 10
+                group, category = labels(i // 10)
                 copy.write_row(
-                    (
-                        doc_ids[d],
-                        i % 10,
-                        text,
-                        [group(d)],
-                        f"cat{d % 10}",
-                        vectors[i - start],
-                    )
+                    (doc_ids[i // 10], i % 10, text, [group], category, vectors[i - start])
                 )
         conn.commit()
         log(f"  loaded {stop:,} chunks ({time.perf_counter() - started:.0f} s)")
     timings: dict[str, Any] = {"load_s": time.perf_counter() - started}
+    build_indexes(conn, url, timings)
 
+    # frequent content words: the most common words that are not stopwords
+    frequent: list[tuple[str, float]] = []
+    n_total = n_chunks
+    for w in [words[i] for i in np.argsort(-probs)[:200]]:
+        row = conn.execute(
+            "select s.doc_freq from kb.lexeme_stats s"
+            " where s.lexeme = any (tsvector_to_array(to_tsvector('english', %s)))",
+            (w,),
+        ).fetchone()
+        if row is not None:
+            frequent.append((w, row[0] / n_total))
+        if len(frequent) == 30:
+            break
+    timings["frequent_words"] = frequent
+    timings["npl_queries"] = npl_queries
+    timings["centroids"] = centroids
+    return timings
+
+
+def relation_size(name: str) -> str:
+    """SQL for a kb relation's total size, pretty; a partitioned table's or index's is the sum
+    of its partitions' (its own is 0)."""
+    return (
+        f"pg_size_pretty(greatest(pg_total_relation_size('{name}'),"
+        f" (select sum(pg_total_relation_size(t.relid)) from pg_partition_tree('{name}') t)))"
+    )
+
+
+def build_indexes(conn: psycopg.Connection[Any], url: str, timings: dict[str, Any]) -> None:
+    """GIN on tsv, the space's HNSW index (as kbpg builds it after a first load) and the BM25
+    impact cache, timed into `timings`, then VACUUM ANALYZE; leaves conn in autocommit."""
     conn.execute("set maintenance_work_mem = '1GB'")
     conn.execute("set max_parallel_maintenance_workers = 1")
     t = time.perf_counter()
@@ -174,31 +204,10 @@ def load(
     conn.autocommit = True
     conn.execute("vacuum analyze kb.chunks")
     conn.execute("analyze")
-    size = conn.execute(
-        "select pg_size_pretty(pg_total_relation_size('kb.lexical_blocks')),"
-        " pg_size_pretty(pg_total_relation_size('kb.chunks_embedding_hnsw')),"
-        " pg_size_pretty(pg_total_relation_size('kb.chunks_tsv_gin'))"
-    ).fetchone()
+    names = ("kb.lexical_blocks", "kb.chunks_embedding_hnsw", "kb.chunks_tsv_gin")
+    size = conn.execute("select " + ", ".join(relation_size(n) for n in names)).fetchone()
     assert size is not None
     timings["sizes"] = {"lexical_blocks": size[0], "hnsw": size[1], "gin": size[2]}
-
-    # frequent content words: the most common words that are not stopwords
-    frequent: list[tuple[str, float]] = []
-    n_total = n_chunks
-    for w in [words[i] for i in np.argsort(-probs)[:200]]:
-        row = conn.execute(
-            "select s.doc_freq from kb.lexeme_stats s"
-            " where s.lexeme = any (tsvector_to_array(to_tsvector('english', %s)))",
-            (w,),
-        ).fetchone()
-        if row is not None:
-            frequent.append((w, row[0] / n_total))
-        if len(frequent) == 30:
-            break
-    timings["frequent_words"] = frequent
-    timings["npl_queries"] = npl_queries
-    timings["centroids"] = centroids
-    return timings
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -227,21 +236,37 @@ COMPARED = {
 }
 
 
+def interleaved(
+    fns: Sequence[Callable[[Any], Any]], items: Sequence[Any]
+) -> list[tuple[list[float], list[Any]]]:
+    """Every fn on every item, one right after the other (the first item in the order given,
+    the next reversed, ...), so that a shared machine's load falls on all alike: per fn, the
+    times (ms) and results, item by item."""
+    runs: list[tuple[list[float], list[Any]]] = [([], []) for _ in fns]
+    for i, item in enumerate(items):
+        order = range(len(fns)) if i % 2 == 0 else reversed(range(len(fns)))
+        for k in order:
+            t = time.perf_counter()
+            runs[k][1].append(fns[k](item))
+            runs[k][0].append((time.perf_counter() - t) * 1000)
+    return runs
+
+
 def timed_both(
     fn: Callable[[Any], Any], items: Sequence[Any], target: dict[str, str]
 ) -> tuple[tuple[float, float, list[Any]], tuple[float, float, list[Any]], float]:
-    """fn on every item in schema kb_before and in kb, back to back (alternating which goes
-    first), so that a shared machine's load falls on both alike; also the median over the
+    """fn on every item in schema kb_before and in kb, interleaved; also the median over the
     items of now / before (paired, so steadier than the ratio of two medians)."""
-    runs: dict[str, tuple[list[float], list[Any]]] = {"kb_before": ([], []), "kb": ([], [])}
-    for i, item in enumerate(items):
-        for schema in ("kb_before", "kb") if i % 2 == 0 else ("kb", "kb_before"):
+
+    def in_schema(schema: str) -> Callable[[Any], Any]:
+        def call(item: Any) -> Any:
             target["kb"] = schema
-            t = time.perf_counter()
-            runs[schema][1].append(fn(item))
-            runs[schema][0].append((time.perf_counter() - t) * 1000)
+            return fn(item)
+
+        return call
+
+    before, after = interleaved([in_schema("kb_before"), in_schema("kb")], items)
     target["kb"] = "kb"
-    before, after = runs["kb_before"], runs["kb"]
     return (
         (statistics.median(before[0]), percentile(before[0], 0.95), before[1]),
         (statistics.median(after[0]), percentile(after[0], 0.95), after[1]),
@@ -280,15 +305,18 @@ def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
     log(f"{rev}'s functions ({len(defined)}) installed in schema kb_before")
 
 
-def exact_neighbours(conn: psycopg.Connection[Any], embedding: np.ndarray) -> set[int]:
+def exact_neighbours(
+    conn: psycopg.Connection[Any], embedding: np.ndarray, category: str | None = None
+) -> set[int]:
     """The true top-POOL chunk ids by cosine distance (a sequential scan, no HNSW), above the
-    vector arm's default similarity floor (0.30) as the arm's own answer is."""
+    vector arm's default similarity floor (0.30) as the arm's own answer is; of one category."""
     with conn.transaction():
         conn.execute("set local enable_indexscan = off")
         rows = conn.execute(
             "select s.id from (select id, embedding <=> %s as distance from kb.chunks"
-            " order by 2, id limit %s) s where 1 - s.distance >= 0.30",
-            (embedding, POOL),
+            " where %s::text is null or category = %s order by 2, id limit %s) s"
+            " where 1 - s.distance >= 0.30",
+            (embedding, category, category, POOL),
         ).fetchall()
     return {r[0] for r in rows}
 
