@@ -36,7 +36,16 @@ import psycopg
 from pgvector.psycopg import register_vector
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_search import POOL, load, log, percentile, prewarm, query_embedding, query_texts
+from bench_search import (
+    POOL,
+    corpus_arguments,
+    load,
+    log,
+    percentile,
+    prewarm,
+    query_embedding,
+    query_texts,
+)
 
 from kbpg import db as kdb
 from kbpg.server import EmbeddedServer
@@ -79,9 +88,7 @@ def exhaustive_bm25(conn: psycopg.Connection[Any], groups: list[str], text: str)
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--chunks", type=int, default=200_000)
-    parser.add_argument("--queries", type=int, default=40, help="queries per query set")
-    parser.add_argument("--seed", type=int, default=1)
+    corpus_arguments(parser, keep=False)
     parser.add_argument(
         "--layout",
         choices=["grouped", "interleaved"],

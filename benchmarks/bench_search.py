@@ -328,17 +328,58 @@ select c.id from kb.chunks c, q where c.tsv @@ q.q
 """
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def corpus_arguments(parser: argparse.ArgumentParser, keep: bool = True) -> None:
+    """--chunks, --queries, --seed (and --keep) of the benchmarks on this corpus."""
     parser.add_argument("--chunks", type=int, default=200_000)
     parser.add_argument("--queries", type=int, default=40, help="queries per query set")
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument(
-        "--keep",
-        type=Path,
-        metavar="DIR",
-        help="keep the loaded server in DIR; reuse it (no reload) if DIR already holds one",
-    )
+    if keep:
+        parser.add_argument(
+            "--keep",
+            type=Path,
+            metavar="DIR",
+            help="keep the loaded server in DIR; reuse it (no reload) if DIR already holds one",
+        )
+
+
+def bench_home(keep: Path | None, prefix: str) -> Path:
+    """The server's home: --keep's directory, else a new temporary one."""
+    if keep is not None:
+        home = keep.resolve()
+        home.mkdir(parents=True, exist_ok=True)
+    else:
+        home = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    home.chmod(0o755)
+    return home
+
+
+def database_url(admin: str, name: str) -> str:
+    """The URL of database `name` on the server of `admin` (an EmbeddedServer URL)."""
+    return admin.rsplit("/", 1)[0] + f"/{name}?" + admin.split("?", 1)[1]
+
+
+def read_info(home: Path, args: argparse.Namespace) -> dict[str, Any] | None:
+    """What a run that kept its loaded server in `home` saved of the load (None: nothing)."""
+    saved = home / "bench-info.json"
+    if not saved.exists():
+        return None
+    info: dict[str, Any] = json.loads(saved.read_text())
+    if info["chunks"] != args.chunks or info["seed"] != args.seed:
+        raise SystemExit(f"{home} holds {info['chunks']:,} chunks, seed {info['seed']}")
+    info["centroids"] = np.array(info["centroids"], dtype=np.float32)
+    log(f"reusing the {args.chunks:,} chunks loaded in {home}")
+    return info
+
+
+def write_info(home: Path, info: dict[str, Any], args: argparse.Namespace) -> None:
+    keep = dict(info, chunks=args.chunks, seed=args.seed)
+    keep["centroids"] = info["centroids"].tolist()
+    (home / "bench-info.json").write_text(json.dumps(keep))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    corpus_arguments(parser)
     parser.add_argument(
         "--only", help="comma-separated substrings: time only the variants whose name has one"
     )
@@ -362,25 +403,13 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    if args.keep is not None:
-        home = args.keep.resolve()
-        home.mkdir(parents=True, exist_ok=True)
-    else:
-        home = Path(tempfile.mkdtemp(prefix="kbpg-bench-", dir="/tmp"))
-    home.chmod(0o755)
-    saved = home / "bench-info.json"
+    home = bench_home(args.keep, "kbpg-bench-")
     server = EmbeddedServer(home, durable=False)
     try:
         admin = server.start()
-        url = admin.rsplit("/", 1)[0] + "/bench?" + admin.split("?", 1)[1]
-        info: dict[str, Any] | None = None
-        if saved.exists():
-            info = json.loads(saved.read_text())
-            if info["chunks"] != args.chunks or info["seed"] != args.seed:
-                raise SystemExit(f"{home} holds {info['chunks']:,} chunks, seed {info['seed']}")
-            info["centroids"] = np.array(info["centroids"], dtype=np.float32)
-            log(f"reusing the {args.chunks:,} chunks loaded in {home}")
-        else:
+        url = database_url(admin, "bench")
+        info = read_info(home, args)
+        if info is None:
             with psycopg.connect(admin, autocommit=True) as c:
                 c.execute("drop database if exists bench")
                 c.execute("create database bench")
@@ -394,9 +423,7 @@ def main() -> None:
                 log(f"loading {args.chunks:,} chunks ...")
                 info = load(conn, url, args.chunks, args.seed, layout=args.layout)
                 if args.keep is not None:
-                    keep = dict(info, chunks=args.chunks, seed=args.seed)
-                    keep["centroids"] = info["centroids"].tolist()
-                    saved.write_text(json.dumps(keep))
+                    write_info(home, info, args)
             conn.autocommit = True
             run(conn, info, args)
     finally:
