@@ -3,29 +3,29 @@
 -- re-sorted here), so a filter matching 1% of chunks still fills the top-k. When the filter
 -- keeps fewer chunks than ~sqrt(180·N) (the measured crossover; estimated from a sample of the
 -- table's pages), the exact path (filtered rows sorted by distance) is both faster and exact.
--- Several query embeddings (query expansion: the question and its paraphrases) run one scan
--- each, and the hits are unioned by each chunk's best (maximum) similarity.
+-- Several query embeddings (query expansion: the question and its paraphrases) run one index
+-- scan each (the exact path reads the filtered rows once), and a chunk ranks by its best
+-- (maximum) similarity. kb.search reads the exact path's filtered chunk ids from
+-- kb._search_vector too: the lexical arm masks its cached sums with them.
 -- The index scan orders by the expression of the space's layout (kb.embedding_space.layout, see
 -- sql/010): the vectors themselves, their halfvec cast, or their binary quantization; its
 -- candidates are then ranked by exact cosine distance on the full vectors. The binary layout
 -- over-fetches (kb.vector_rerank_factor x the pool, default 8) since Hamming distance on 1 bit
 -- a dimension is a coarse guide.
 
-create or replace function kb.search_vector(
+create or replace function kb._search_vector(
     query_embedding @extschema:vector@.vector,
-    match_count integer default 8,
-    groups text[] default null,
-    category text default null,
-    labels text[] default null,
-    min_similarity double precision default 0.30,
-    extra_embeddings @extschema:vector@.vector[] default null
-)
-returns table (
-    rank integer,
-    chunk_id bigint,
-    document_id bigint,
-    score double precision,
-    similarity double precision
+    match_count integer,
+    groups text[],
+    category text,
+    labels text[],
+    min_similarity double precision,
+    extra_embeddings @extschema:vector@.vector[],
+    keep_filtered boolean,
+    out chunk_ids bigint[],
+    out document_ids bigint[],
+    out distances double precision[],
+    out filtered_ids bigint[]
 )
 language plpgsql
 stable
@@ -39,35 +39,38 @@ as $$
 #variable_conflict use_column
 declare
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', search_vector.groups, search_vector.category, search_vector.labels);
+        'c', '$1', '$2', '$3', _search_vector.groups, _search_vector.category, _search_vector.labels);
     -- {q} stands for the query embedding ($4, or e.q when there are several)
     exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
     order_sql text;
-    candidates integer := search_vector.match_count;
+    candidates integer := _search_vector.match_count;
     space_layout text;
     space_dimension integer;
     embeddings @extschema:vector@.vector[];
     extra @extschema:vector@.vector;
     exact_limit bigint;
     filtered_rows bigint;
+    -- the query embedding ($8), or each one's (e.q) in a scan per embedding
+    q text := '$8';
+    distance_sql text;
 begin
-    perform kb._check_match_count(search_vector.match_count);
-    if search_vector.min_similarity is null
-       or search_vector.min_similarity not between -1 and 1 then
+    perform kb._check_match_count(_search_vector.match_count);
+    if _search_vector.min_similarity is null
+       or _search_vector.min_similarity not between -1 and 1 then
         raise exception 'min_similarity must be between -1 and 1, got %',
-                coalesce(search_vector.min_similarity::text, 'NULL')
+                coalesce(_search_vector.min_similarity::text, 'NULL')
             using errcode = '22023', hint = 'cosine similarity floors are in [-1, 1]; 0.30 is the default';
     end if;
-    if search_vector.query_embedding is null then
-        if coalesce(cardinality(search_vector.extra_embeddings), 0) > 0 then
+    if _search_vector.query_embedding is null then
+        if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 0 then
             raise exception 'extra_embeddings given without query_embedding'
                 using errcode = '22023', hint = 'extra embeddings (paraphrases) add to the query embedding; pass it too';
         end if;
         return;
     end if;
-    perform kb._check_query_embedding(search_vector.query_embedding);
-    embeddings := array[search_vector.query_embedding];
-    foreach extra in array coalesce(search_vector.extra_embeddings, '{}') loop
+    perform kb._check_query_embedding(_search_vector.query_embedding);
+    embeddings := array[_search_vector.query_embedding];
+    foreach extra in array coalesce(_search_vector.extra_embeddings, '{}') loop
         if extra is null then
             raise exception 'extra_embeddings holds a NULL'
                 using errcode = '22023', hint = 'pass only vectors of the embedding space';
@@ -90,11 +93,11 @@ begin
             '(@extschema:vector@.binary_quantize({q})::bit(%1$s))', space_dimension)
         else exact_sql end;
     if space_layout = 'binary' then
-        candidates := search_vector.match_count * coalesce(
+        candidates := _search_vector.match_count * coalesce(
             nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 8);
     end if;
     perform pg_catalog.set_config('hnsw.ef_search',
-        least(1000, greatest(40, 8 * search_vector.match_count, candidates))::text, true);
+        least(1000, greatest(40, 8 * _search_vector.match_count, candidates))::text, true);
     perform pg_catalog.set_config('hnsw.max_scan_tuples',
         greatest(20000, 50 * candidates)::text, true);
     -- under row-level security (kb.access_enable) no filter can use an index (&& is not
@@ -110,50 +113,95 @@ begin
         -- estimated (counting the rows of a 1% filter at 1M chunks took 14 ms of its 100)
         filtered_rows := kb._filtered_rows_estimate(
             filter_sql || ' and c.embedding is not null',
-            search_vector.groups, search_vector.category, search_vector.labels);
+            _search_vector.groups, _search_vector.category, _search_vector.labels);
         if filtered_rows < exact_limit then
-            -- an expression the HNSW index cannot order by: the filtered rows are sorted exactly
-            order_sql := '(' || exact_sql || ') operator(pg_catalog.+) 0';
-            candidates := search_vector.match_count;
+            -- the filtered rows sorted exactly, read once: keep_filtered also returns their
+            -- ids (those without an embedding too), which the lexical arm then masks its
+            -- cached sums with instead of reading the same rows again; d: each row's best
+            -- distance to the query embeddings (NULL without an embedding)
+            distance_sql := case when cardinality(embeddings) = 1
+                then pg_catalog.replace(exact_sql, '{q}', '$8')
+                else '(select pg_catalog.min(' || pg_catalog.replace(exact_sql, '{q}', 'e.q')
+                     || ') from pg_catalog.unnest($4) e(q))' end;
+            execute pg_catalog.format(
+                'with f as materialized ( '
+                '    select c.id, c.document_id, %1$s as distance from kb.chunks c where %2$s), '
+                '  h as (select f.id, f.document_id, f.distance from f '
+                '         where f.distance is not null order by f.distance, f.id limit $5) '
+                'select pg_catalog.array_agg(h.id order by h.distance, h.id), '
+                '       pg_catalog.array_agg(h.document_id order by h.distance, h.id), '
+                '       pg_catalog.array_agg(h.distance order by h.distance, h.id), '
+                '       case when $7 then (select pg_catalog.array_agg(f.id) from f) end '
+                '  from h where 1 operator(pg_catalog.-) h.distance >= $6',
+                distance_sql, filter_sql)
+               into chunk_ids, document_ids, distances, filtered_ids
+              using _search_vector.groups, _search_vector.category, _search_vector.labels,
+                    embeddings, _search_vector.match_count, _search_vector.min_similarity,
+                    _search_vector.keep_filtered, _search_vector.query_embedding;
+            filtered_ids := coalesce(filtered_ids, case when _search_vector.keep_filtered then '{}'::bigint[] end);
+            return;
         end if;
     end if;
-    -- h: the index's candidates (ordered by the layout's expression), ranked by exact distance
-    if cardinality(embeddings) = 1 then
-        return query execute pg_catalog.format(
-            'select (pg_catalog.row_number() over (order by h.distance, h.id))::integer, '
-            '       h.id, h.document_id, 1 - h.distance, 1 - h.distance '
-            '  from (select x.id, x.document_id, x.distance '
-            '          from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
-            '                 where %3$s and c.embedding is not null order by %2$s limit $7) x '
-            '         order by x.distance, x.id limit $5) h '
-            ' where 1 - h.distance >= $6 '
-            ' order by h.distance, h.id',
-            pg_catalog.replace(exact_sql, '{q}', '$4'), pg_catalog.replace(order_sql, '{q}', '$4'),
-            filter_sql)
-        using search_vector.groups, search_vector.category, search_vector.labels,
-              search_vector.query_embedding, search_vector.match_count, search_vector.min_similarity,
-              candidates;
-        return;
+    -- h: the index's candidates (ordered by the layout's expression), ranked by exact
+    -- distance; several embeddings: one index scan each, and a chunk several of them found
+    -- keeps its best distance
+    if cardinality(embeddings) > 1 then
+        q := 'e.q';
     end if;
-    -- one index scan per embedding; a chunk several of them found keeps its best distance
-    return query execute pg_catalog.format(
-        'select (pg_catalog.row_number() over (order by b.distance, b.id))::integer, '
-        '       b.id, b.document_id, 1 - b.distance, 1 - b.distance '
+    execute pg_catalog.format(
+        'select pg_catalog.array_agg(b.id order by b.distance, b.id), '
+        '       pg_catalog.array_agg(b.document_id order by b.distance, b.id), '
+        '       pg_catalog.array_agg(b.distance order by b.distance, b.id) '
         '  from (select h.id, h.document_id, pg_catalog.min(h.distance) as distance '
-        '          from pg_catalog.unnest($4) e(q), '
+        '          from %4$s '
         '               lateral (select x.id, x.document_id, x.distance '
         '                  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
         '                         where %3$s and c.embedding is not null order by %2$s limit $7) x '
         '                 order by x.distance, x.id limit $5) h '
-        '         group by h.id, h.document_id) b '
-        ' where 1 - b.distance >= $6 '
-        ' order by b.distance, b.id limit $5',
-        pg_catalog.replace(exact_sql, '{q}', 'e.q'), pg_catalog.replace(order_sql, '{q}', 'e.q'),
-        filter_sql)
-    using search_vector.groups, search_vector.category, search_vector.labels,
-          embeddings, search_vector.match_count, search_vector.min_similarity, candidates;
+        '         group by h.id, h.document_id '
+        '         order by distance, h.id limit $5) b '
+        ' where 1 operator(pg_catalog.-) b.distance >= $6',
+        pg_catalog.replace(exact_sql, '{q}', q), pg_catalog.replace(order_sql, '{q}', q),
+        filter_sql, case when q = 'e.q' then 'pg_catalog.unnest($4) e(q),' else '' end)
+       into chunk_ids, document_ids, distances
+      using _search_vector.groups, _search_vector.category, _search_vector.labels,
+            embeddings, _search_vector.match_count, _search_vector.min_similarity, candidates,
+            _search_vector.query_embedding;
 end
 $$;
+comment on function kb._search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[], boolean) is
+    'The vector arm (kb.search_vector) as arrays, best first: chunk ids, their documents and '
+    'cosine distances. keep_filtered: with filters selective enough for the exact path, also '
+    'the ids of every chunk the filters keep (else NULL). Internal to kb.search_vector and kb.search.';
+
+create or replace function kb.search_vector(
+    query_embedding @extschema:vector@.vector,
+    match_count integer default 8,
+    groups text[] default null,
+    category text default null,
+    labels text[] default null,
+    min_similarity double precision default 0.30,
+    extra_embeddings @extschema:vector@.vector[] default null
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    document_id bigint,
+    score double precision,
+    similarity double precision
+)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select u.ord::integer, u.id, u.doc, 1 - u.distance, 1 - u.distance
+      from kb._search_vector(query_embedding, match_count, groups, category, labels,
+                             min_similarity, extra_embeddings, false) v
+     cross join lateral unnest(v.chunk_ids, v.document_ids, v.distances)
+           with ordinality as u(id, doc, distance, ord)
+     order by u.ord;
+end;
 comment on function kb.search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[]) is
     'Vector arm: top match_count chunks by cosine similarity (score = similarity = 1 - cosine '
     'distance) at or above min_similarity, filters applied inside the HNSW scan (iterative '

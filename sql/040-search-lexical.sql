@@ -331,12 +331,13 @@ comment on function kb._lexical_candidates(integer[], varbit[], @extschema:vecto
     'The chunk ids whose cached score is above theta (their bits), the best keep_count of them, '
     'and theta raised to the best cached score left out (else theta). Inlined into the caller.';
 
-create or replace function kb.search_lexical(
+create or replace function kb._search_lexical(
     query_text text,
-    match_count integer default 8,
-    groups text[] default null,
-    category text default null,
-    labels text[] default null
+    match_count integer,
+    groups text[],
+    category text,
+    labels text[],
+    filtered_ids bigint[]
 )
 returns table (
     rank integer,
@@ -371,7 +372,7 @@ declare
     exhaustive boolean;
     filter_first boolean := false;
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', search_lexical.groups, search_lexical.category, search_lexical.labels);
+        'c', '$1', '$2', '$3', _search_lexical.groups, _search_lexical.category, _search_lexical.labels);
     filtered_rows bigint;
     filtered_limit bigint;
     mask_limit bigint;
@@ -402,8 +403,8 @@ declare
     -- visibility class, so its sums hold only the chunks this role may read
     rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
 begin
-    perform kb._check_match_count(search_lexical.match_count);
-    select * into qt from kb._query_terms(search_lexical.query_text);
+    perform kb._check_match_count(_search_lexical.match_count);
+    select * into qt from kb._query_terms(_search_lexical.query_text);
     select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
       into n_chunks, avgdl from kb.corpus_stats s;
     -- the cost bound: of the query's lexemes the corpus holds, the 64 rarest are scored
@@ -458,19 +459,28 @@ begin
         mask_limit := coalesce(
             nullif(pg_catalog.current_setting('kb.lexical_mask_limit', true), '')::bigint,
             greatest(20000, n_chunks / 20));
-        estimated_rows := kb._filtered_rows_estimate(filter_sql, search_lexical.groups,
-                                                     search_lexical.category, search_lexical.labels);
+        -- the filtered chunks' ids when the caller read them (kb.search, from the vector arm's
+        -- exact path): counted, and the mask built from them, without reading them again
+        if _search_lexical.filtered_ids is not null then
+            filtered_rows := cardinality(_search_lexical.filtered_ids);
+            estimated_rows := filtered_rows;
+        else
+            estimated_rows := kb._filtered_rows_estimate(filter_sql, _search_lexical.groups,
+                                                         _search_lexical.category, _search_lexical.labels);
+        end if;
         -- few (scored directly, below) or many (an unselective filter hides few candidates:
         -- the loop below copes): counted up to filtered_limit
-        if estimated_rows < 2 * filtered_limit or estimated_rows > 2 * mask_limit then
+        if filtered_rows is null
+           and (estimated_rows < 2 * filtered_limit or estimated_rows > 2 * mask_limit) then
             execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
                            filter_sql, filtered_limit)
                into filtered_rows
-              using search_lexical.groups, search_lexical.category, search_lexical.labels;
+              using _search_lexical.groups, _search_lexical.category, _search_lexical.labels;
         end if;
         -- in between: the mask, which also counts them
         if coalesce(filtered_rows, filtered_limit) >= filtered_limit
-           and estimated_rows <= 2 * mask_limit then
+           and (case when _search_lexical.filtered_ids is null then estimated_rows <= 2 * mask_limit
+                     else filtered_rows < mask_limit end) then
             execute format(
                 'select coalesce(pg_catalog.sum(m.n), 0)::bigint, '
                 '       pg_catalog.array_agg(m.block_no order by m.block_no), '
@@ -482,11 +492,14 @@ begin
                 '                   operator(pg_catalog.||) '':1e9'', '','') '
                 '                operator(pg_catalog.||) ''}/'' operator(pg_catalog.||) $4::text)'
                 '                   ::@extschema:vector@.sparsevec::@extschema:vector@.vector as kept '
-                '          from (select c.id from kb.chunks c where %s limit %s) f group by 1) m',
-                filter_sql, mask_limit)
+                '          from %s f(id) group by 1) m',
+                case when _search_lexical.filtered_ids is null
+                     then format('(select c.id from kb.chunks c where %s limit %s)', filter_sql, mask_limit)
+                     else 'pg_catalog.unnest($6)' end)
                into filtered_rows, mask_nos, penalties
-              using search_lexical.groups, search_lexical.category, search_lexical.labels,
-                    state.block_size::bigint, kb._filled_vector(1e9, state.block_size);
+              using _search_lexical.groups, _search_lexical.category, _search_lexical.labels,
+                    state.block_size::bigint, kb._filled_vector(1e9, state.block_size),
+                    _search_lexical.filtered_ids;
             masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
         end if;
         exhaustive := filtered_rows < filtered_limit;
@@ -543,8 +556,8 @@ begin
               join kb.lexical_blocks b on b.lexeme = t.lexeme
              where t.lexeme <> all (rare_terms)
                -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
-               and (not state.split_by_groups or coalesce(cardinality(search_lexical.groups), 0) = 0
-                    or b.groups operator(pg_catalog.&&) search_lexical.groups)
+               and (not state.split_by_groups or coalesce(cardinality(_search_lexical.groups), 0) = 0
+                    or b.groups operator(pg_catalog.&&) _search_lexical.groups)
                -- masked: only the blocks holding chunks the filters keep
                and (not masked or b.block_no = any (mask_nos))
              group by b.block_no
@@ -560,7 +573,7 @@ begin
         idf_ratio := coalesce(idf_ratio, 1);
 
         drift := greatest(1.0, avgdl / state.avgdl) * idf_ratio;
-        need := search_lexical.match_count + 8;
+        need := _search_lexical.match_count + 8;
         -- above every cached score (each tf part is < 1)
         hi := (select sum(u.idf) from unnest(terms, idfs) as u(lexeme, idf)
                 where u.lexeme <> all (rare_terms)) * 1.001 / least(idf_ratio, 1) + 1e-9;
@@ -585,7 +598,7 @@ begin
             -- a threshold theta leaving between need and need + slack cached candidates above
             -- it (slack: 2x need while small, +50% once rescoring them costs more than probing);
             -- a sampled guess is accepted with a narrower window than a probe for more
-            slack := greatest(2 * (search_lexical.match_count + 8), need / 2);
+            slack := greatest(2 * (_search_lexical.match_count + 8), need / 2);
             probe := kb._lexical_threshold(
                 block_scores, state.block_size, 1, n_chunks, hi, hi_count,
                 target => (need + slack / 2)::float8, floor_count => need,
@@ -604,8 +617,8 @@ begin
             -- many again for the stop test's drift factor
             keep_count := case
                 when drift <> 1 then need + need / 2
-                when (filter_sql = 'true' or masked) and need = search_lexical.match_count + 8
-                    then search_lexical.match_count + 2
+                when (filter_sql = 'true' or masked) and need = _search_lexical.match_count + 8
+                    then _search_lexical.match_count + 2
                 else need end;
             select x.candidate_ids, x.theta_left into candidate_ids, theta
               from kb._lexical_candidates(block_nos, probe.bits, block_scores, state.block_size,
@@ -625,36 +638,36 @@ begin
                         and c.tsv @@ all_terms
                         and (excluded is null or not c.tsv @@ excluded)
                       order by s.score desc, c.id
-                      limit search_lexical.match_count)
+                      limit _search_lexical.match_count)
                     union all
                     select r.chunk_id, r.document_id, r.score
                       from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
-                                         search_lexical.match_count, search_lexical.groups,
-                                         search_lexical.category, search_lexical.labels) r
+                                         _search_lexical.match_count, _search_lexical.groups,
+                                         _search_lexical.category, _search_lexical.labels) r
                      where filter_sql <> 'true') b;
 
             -- exact once the k-th score beats every chunk left below theta (float32 slack)
             exit when theta = 0
-                   or (coalesce(cardinality(ranked_ids), 0) >= search_lexical.match_count
-                       and ranked_scores[search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
+                   or (coalesce(cardinality(ranked_ids), 0) >= _search_lexical.match_count
+                       and ranked_scores[_search_lexical.match_count] >= theta * drift * (1 + 1e-5) + 1e-9);
             -- too few survived the filters (or deletions): aim at enough candidates for the
             -- observed survival rate, at least four times as many as this round
             need := greatest(need * 4,
-                             pg_catalog.ceil(2.0 * (search_lexical.match_count + 8)
+                             pg_catalog.ceil(2.0 * (_search_lexical.match_count + 8)
                                              * cardinality(candidate_ids || extra_ids)
                                              / greatest(coalesce(cardinality(ranked_ids), 0), 1)));
             hi := theta;
             hi_count := cardinality(candidate_ids);  -- the count at theta
             -- filters or deletions hide too many cached candidates: score exhaustively
-            exhaustive := need > 4 * exhaustive_limit + search_lexical.match_count;
+            exhaustive := need > 4 * exhaustive_limit + _search_lexical.match_count;
             exit when exhaustive;
         end loop;
     end if;
 
     if exhaustive then
         return query select * from kb._bm25_rank(terms, idfs, avgdl, excluded, null,
-                                                 search_lexical.match_count, search_lexical.groups,
-                                                 search_lexical.category, search_lexical.labels,
+                                                 _search_lexical.match_count, _search_lexical.groups,
+                                                 _search_lexical.category, _search_lexical.labels,
                                                  filter_first => filter_first);
         return;
     end if;
@@ -663,6 +676,31 @@ begin
                         with ordinality as u(id, doc, sc, ord);
 end
 $$;
+comment on function kb._search_lexical(text, integer, text[], text, text[], bigint[]) is
+    'The lexical arm (kb.search_lexical); filtered_ids: the ids of every chunk the filters keep, '
+    'when the caller has read them (else NULL). Internal to kb.search_lexical and kb.search.';
+
+create or replace function kb.search_lexical(
+    query_text text,
+    match_count integer default 8,
+    groups text[] default null,
+    category text default null,
+    labels text[] default null
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    document_id bigint,
+    score double precision
+)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select l.rank, l.chunk_id, l.document_id, l.score
+      from kb._search_lexical(query_text, match_count, groups, category, labels, null) l;
+end;
 comment on function kb.search_lexical(text, integer, text[], text, text[]) is
     'Lexical arm: exact Okapi BM25 (k1 1.2, b 0.75) top match_count chunks for a '
     'websearch_to_tsquery(''english'') query with OR semantics, filters applied; fast on '

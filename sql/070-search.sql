@@ -73,6 +73,7 @@ declare
     fused_lexical_ranks integer[];
     fused_graph_ranks integer[];
     vector_only boolean;
+    filtered_ids bigint[];
     embeddings @extschema:vector@.vector[];
 begin
     perform kb._check_match_count(search.match_count);
@@ -99,16 +100,19 @@ begin
     embeddings := pg_catalog.array_prepend(search.query_embedding, search.extra_embeddings);
 
     if search.query_embedding is not null or search.extra_embeddings is not null then
-        select coalesce(array_agg(v.chunk_id order by v.rank), '{}') into vector_ids
-          from kb.search_vector(search.query_embedding, pool, search.groups, search.category,
-                                search.labels, search.min_similarity, search.extra_embeddings) v;
+        -- a filter selective enough for the vector arm's exact path: the ids of the chunks it
+        -- keeps come back with the vector hits, and the lexical arm takes them from there
+        select coalesce(v.chunk_ids, '{}'), v.filtered_ids into vector_ids, filtered_ids
+          from kb._search_vector(search.query_embedding, pool, search.groups, search.category,
+                                 search.labels, search.min_similarity, search.extra_embeddings,
+                                 keep_filtered => search.use_lexical and has_text) v;
     end if;
 
     if search.use_lexical and has_text then
         begin
             select coalesce(array_agg(l.chunk_id order by l.rank), '{}') into lexical_ids
-              from kb.search_lexical(search.query_text, pool, search.groups, search.category,
-                                     search.labels) l;
+              from kb._search_lexical(search.query_text, pool, search.groups, search.category,
+                                      search.labels, filtered_ids) l;
         exception when others then
             -- a query over the cost bound (KB003) is the caller's to fix, not a broken arm
             if sqlstate = 'KB003' then

@@ -229,7 +229,7 @@ def test_volatility_is_honest(functions, kb_tables):
 def test_search_functions_set_the_pgvector_knobs(functions):
     config = {row[0]: row[5] for row in functions}
     vector_arm = config[
-        "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[])"
+        "kb._search_vector(vector,integer,text[],text,text[],double precision,vector[],boolean)"
     ]
     assert "hnsw.iterative_scan=relaxed_order" in vector_arm
     assert any(c.startswith("hnsw.ef_search=") for c in vector_arm)

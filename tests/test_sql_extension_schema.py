@@ -88,7 +88,7 @@ def test_non_superuser_owner_upgrades_every_time(admin_url: str) -> None:
                 "select current_user, usesuper from pg_user where usename = current_user"
             ).fetchone() == (role, False)
             config = conn.execute(
-                "select proconfig from pg_proc where oid = 'kb.search_vector'::regproc"
+                "select proconfig from pg_proc where oid = 'kb._search_vector'::regproc"
             ).fetchone()[0]
             assert "hnsw.iterative_scan=relaxed_order" in config
             assert kdb.schema_status(conn).at_head

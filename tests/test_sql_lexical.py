@@ -196,14 +196,32 @@ def assert_matches_reference(
         for limit, mask in ((0, None), (0, 0), (1000, None), (1_000_000_000, None)):
             set_exhaustive_limit(conn, limit)
             set_mask_limit(conn, mask)
-            rows = lexical(conn, query, k, **filters)
-            assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, limit, mask)
-            for row, (_, score) in zip(rows, expected, strict=True):
-                assert row[3] == pytest.approx(score, abs=1e-9)
+            runs = [lexical(conn, query, k, **filters)]
+            if "groups" in filters:
+                # as kb.search calls it: the filtered chunks' ids already read (by the vector
+                # arm's exact path), so the mask is built from them
+                runs.append(lexical_given_filtered_ids(conn, query, k, filters["groups"]))
+            for rows in runs:
+                assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, limit, mask)
+                for row, (_, score) in zip(rows, expected, strict=True):
+                    assert row[3] == pytest.approx(score, abs=1e-9)
 
 
-def rescoring_rounds(conn: psycopg.Connection[Any], query: str, **filters: Any) -> int:
-    """How many times one filtered search rescored candidates (calls of kb._bm25_rank)."""
+def lexical_given_filtered_ids(
+    conn: psycopg.Connection[Any], query: str, k: int, groups: list[str]
+) -> list[Any]:
+    return conn.execute(
+        "select rank, chunk_id, document_id, score from kb._search_lexical(%(q)s, %(k)s, %(g)s,"
+        " null, null, (select array_agg(c.id) from kb.chunks c where c.groups && %(g)s))",
+        {"q": query, "k": k, "g": groups},
+    ).fetchall()
+
+
+def rescoring_rounds(
+    conn: psycopg.Connection[Any], query: str, given_ids: bool = False, **filters: Any
+) -> int:
+    """How many times one filtered search rescored candidates (calls of kb._bm25_rank);
+    given_ids: called as kb.search calls it, with the filtered chunks' ids."""
     conn.execute("set local track_functions = 'pl'")
 
     def calls() -> int:
@@ -215,7 +233,10 @@ def rescoring_rounds(conn: psycopg.Connection[Any], query: str, **filters: Any) 
         return int(row[0])
 
     before = calls()
-    lexical(conn, query, 10, **filters)
+    if given_ids:
+        lexical_given_filtered_ids(conn, query, 10, filters["groups"])
+    else:
+        lexical(conn, query, 10, **filters)
     return calls() - before
 
 
@@ -251,8 +272,10 @@ def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
     set_exhaustive_limit(conn, 0)
     set_mask_limit(conn, None)
     assert rescoring_rounds(conn, queries[0], groups=["few"]) == 1
+    assert rescoring_rounds(conn, queries[0], given_ids=True, groups=["few"]) == 1
     set_mask_limit(conn, 0)
     assert rescoring_rounds(conn, queries[0], groups=["few"]) > 1
+    assert rescoring_rounds(conn, queries[0], given_ids=True, groups=["few"]) > 1
 
     # new chunks above the watermark, an updated chunk, deletions, and avgdl drifting > 5%
     for i in range(200):

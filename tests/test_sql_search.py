@@ -104,6 +104,38 @@ def test_filters_apply_to_every_arm(conn, kb):
     assert rows == []
 
 
+def test_a_selective_filter_is_read_once_for_both_arms(conn, kb):
+    # the cache path of the lexical arm, as on a large knowledge base; a filter keeping 4 of 5
+    # chunks is under the vector arm's exact-path crossover, so that path reads the filtered
+    # rows and hands their ids to the lexical arm, whose mask is built from them: one estimate
+    # of the filter (the vector arm's) instead of one per arm, and the same lexical ranking
+    conn.execute("select kb.refresh_lexical_index()")
+    conn.execute("select set_config('kb.lexical_exhaustive_limit', '0', true)")
+    conn.execute("set local track_functions = 'pl'")
+
+    def estimates() -> int:
+        row = conn.execute(
+            "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
+            " where schemaname = 'kb' and funcname = '_filtered_rows_estimate'"
+        ).fetchone()
+        assert row is not None
+        return int(row[0])
+
+    before = estimates()
+    rows = search(conn, "permit renewal office", [0, 1, 0], groups=["team"], rerank_pool=10)
+    assert estimates() - before == 1
+    lexical = conn.execute(
+        "select chunk_id from kb.search_lexical('permit renewal office', 10, groups => '{team}')"
+    ).fetchall()
+    ranked = sorted((r["lexical_rank"], r["chunk_id"]) for r in rows if r["lexical_rank"])
+    assert [cid for _, cid in ranked] == [r[0] for r in lexical] == [kb["b1"], kb["a1"], kb["a2"]]
+    vector = conn.execute(
+        "select chunk_id from kb.search_vector('[0,1,0]', 10, groups => '{team}')"
+    ).fetchall()
+    ranked = sorted((r["vector_rank"], r["chunk_id"]) for r in rows if r["vector_rank"])
+    assert [cid for _, cid in ranked] == [r[0] for r in vector] == [kb["b1"], kb["g1"]]
+
+
 def test_null_embedding_runs_lexical_only(conn, kb):
     rows = search(conn, "renew permit")
     assert [r["chunk_id"] for r in rows] == [kb["a1"], kb["a2"], kb["c1"], kb["b1"]]
