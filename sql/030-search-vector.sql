@@ -121,8 +121,10 @@ begin
             -- distance to the query embeddings (NULL without an embedding)
             distance_sql := case when cardinality(embeddings) = 1
                 then pg_catalog.replace(exact_sql, '{q}', '$8')
-                else '(select pg_catalog.min(' || pg_catalog.replace(exact_sql, '{q}', 'e.q')
-                     || ') from pg_catalog.unnest($4) e(q))' end;
+                else 'least(' || (select pg_catalog.string_agg(
+                                      pg_catalog.replace(exact_sql, '{q}', '$4[' || i || ']'), ', ')
+                                    from pg_catalog.generate_series(1, cardinality(embeddings)) i)
+                     || ')' end;
             execute pg_catalog.format(
                 'with f as materialized ( '
                 '    select c.id, c.document_id, %1$s as distance from kb.chunks c where %2$s), '

@@ -126,6 +126,25 @@ def test_selective_filter_still_fills_top_k(conn, random_corpus, path):
             assert len(set(ids(rows)) & set(expected)) >= 9
 
 
+def test_exact_path_ranks_by_the_best_similarity_to_several_embeddings(conn, random_corpus):
+    # the filtered rows are read once and each ranked by its nearest query embedding
+    vectors, chunk_ids, rare_ids = random_corpus
+    rng = np.random.default_rng(8)
+    queries = [rng.normal(size=8) for _ in range(3)]
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    best = np.max([unit @ (q / np.linalg.norm(q)) for q in queries], axis=0)
+    expected = [chunk_ids[i] for i in np.argsort(-best) if chunk_ids[i] in rare_ids][:10]
+    rows = conn.execute(
+        "select chunk_id, similarity from kb.search_vector(%s::vector, 10, groups => '{rare}',"
+        " min_similarity => -1, extra_embeddings => %s::vector[])",
+        (vec(queries[0]), [vec(q) for q in queries[1:]]),
+    ).fetchall()
+    assert [r[0] for r in rows] == expected
+    assert [r[1] for r in rows] == pytest.approx(
+        sorted(best[[chunk_ids.index(c) for c in expected]], reverse=True), abs=1e-6
+    )
+
+
 def test_pool_larger_than_default_ef_search_is_not_truncated(conn, random_corpus):
     vectors, chunk_ids, _ = random_corpus
     before = conn.execute("select current_setting('hnsw.ef_search')").fetchone()
