@@ -9,6 +9,10 @@ memory of the kbpg process and of the PostgreSQL server processes.
 
     python benchmarks/bench_load_embedded.py --chunks 20000
     python benchmarks/bench_load_embedded.py --chunks 200000   # ~10 min on 2 cores
+    python benchmarks/bench_load_embedded.py --chunks 1000000 --rows-only  # stop at the build
+
+With `--rows-only` the ingest is stopped (SIGINT) as soon as the index build starts: the rows'
+rates and CPU are reported, the build, the lexical cache and kbpg's own split are not.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -108,15 +113,26 @@ def main() -> None:
     parser.add_argument("--chunks", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--batch-size", type=int, default=256, help="kbpg ingest --batch-size")
+    parser.add_argument(
+        "--records",
+        type=Path,
+        help="keep the records in this file and reuse it when it exists (same --chunks, --seed)",
+    )
+    parser.add_argument(
+        "--rows-only", action="store_true", help="stop the ingest when the index build starts"
+    )
     args = parser.parse_args()
 
     home = Path(tempfile.mkdtemp(prefix="kbpg-load-", dir="/tmp"))
     home.chmod(0o755)
-    records = home / "records.jsonl"
-    t = time.perf_counter()
-    write_records(records, args.chunks, args.seed)
-    size_mb = records.stat().st_size / 2**20
-    print(f"wrote {args.chunks:,} records ({size_mb:.0f} MB) in {time.perf_counter() - t:.0f} s")
+    records = args.records or home / "records.jsonl"
+    if not records.exists():
+        t = time.perf_counter()
+        write_records(records, args.chunks, args.seed)
+        size_mb = records.stat().st_size / 2**20
+        print(
+            f"wrote {args.chunks:,} records ({size_mb:.0f} MB) in {time.perf_counter() - t:.0f} s"
+        )
     server = EmbeddedServer(home / "pg", durable=False)
     try:
         admin = server.start()
@@ -167,20 +183,25 @@ def main() -> None:
                 index_started.append(time.perf_counter())
                 cpu_at_index.append(sum(server_cpu.values()))
                 client_cpu_at_index.append(client_cpu)
+                if args.rows_only:
+                    proc.send_signal(signal.SIGINT)
+                    proc.wait()
+                    break
             time.sleep(0.25)
         watch.close()
         total_s = time.perf_counter() - started
         reader.join(timeout=5)
         assert proc.stdout is not None
-        summary = json.loads(proc.stdout.read())
+        summary = None if args.rows_only else json.loads(proc.stdout.read())
         with psycopg.connect(url) as conn:
             row = conn.execute(
                 "select count(*), (select layout from kb.embedding_space),"
-                " pg_relation_size('kb.chunks_embedding_hnsw') from kb.chunks"
+                " pg_relation_size(to_regclass('kb.chunks_embedding_hnsw')) from kb.chunks"
             ).fetchone()
         assert row is not None
+        index = f"{row[1]} index {row[2] / 2**20:.0f} MB" if row[2] is not None else "no index"
         print(
-            f"\n{row[0]:,} chunks, {row[1]} index {row[2] / 2**20:.0f} MB;"
+            f"\n{row[0]:,} chunks, {index};"
             f" kbpg ingest {total_s:.0f} s in all ({args.chunks / total_s:,.0f} chunks/s)"
         )
         if index_started:
@@ -210,8 +231,11 @@ def main() -> None:
                 f" kbpg {client_cpu_at_index[0]:.1f} s (start-up included); from it on"
                 f" PostgreSQL {db_cpu - cpu_at_index[0]:.0f} s"
             )
+        split = (
+            f"kbpg's own split (s): {summary['seconds']};" if summary else "stopped at the build;"
+        )
         print(
-            f"kbpg's own split (s): {summary['seconds']};"
+            f"{split}"
             f" peak RSS kbpg {peaks['kbpg'] / 1024:.0f} MB,"
             f" PostgreSQL processes (sum) {peaks['server'] / 1024:.0f} MB"
         )
