@@ -121,9 +121,11 @@ class BatchPreparer:
             if not item.chunks:
                 out.failures.append(LoadFailure(document.source, "no text to index"))
                 continue
-            item.existing_id = old[0] if old is not None else None
+            item.document_id = old[0] if old is not None else None
             item.is_new = old is None
             prepared.append(item)
+        if prepared:
+            self._allocate_ids(prepared)
         if self.chat is not None:
             # model calls run outside any transaction: a slow model holds no lock or snapshot
             for item in prepared:
@@ -142,3 +144,19 @@ class BatchPreparer:
         out.vectors = document_vectors(out.whole, self.embedder)
         out.lookup_s, out.prepare_s, out.embed_s = t1 - t0, t2 - t1, time.perf_counter() - t2
         return out
+
+    def _allocate_ids(self, prepared: list[PreparedDocument]) -> None:
+        """Ids for the new documents and for every chunk, from their tables' sequences."""
+        new = [p for p in prepared if p.is_new]
+        with self.kb.transaction(self.reader, self.principal, write=True):
+            row = self.reader.execute(
+                queries.ALLOCATE_IDS, (len(new), sum(len(p.chunks) for p in prepared))
+            ).fetchone()
+        assert row is not None
+        document_ids, chunk_ids = row
+        for item, document_id in zip(new, document_ids, strict=True):
+            item.document_id = document_id
+        start = 0
+        for item in prepared:
+            item.chunk_ids = chunk_ids[start : start + len(item.chunks)]
+            start += len(item.chunks)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import itertools
 import logging
 import os
 import time
@@ -15,7 +14,6 @@ from typing import Any
 
 import numpy as np
 import psycopg
-from psycopg.types.json import Jsonb
 
 from kbpg import db as kdb
 from kbpg import indexing, queries
@@ -32,10 +30,9 @@ from kbpg.pipeline import Ahead
 from kbpg.prepare import (
     PreparedDocument,
     embed_texts,
-    entities_of,
 )
 from kbpg.sources import discover, iter_documents
-from kbpg.writer import copy_chunk_rows, copy_rows, writer
+from kbpg.writer import copy_chunk_rows, copy_rows, write_documents, write_relations, writer
 
 _log = logging.getLogger(__name__)
 
@@ -57,8 +54,6 @@ __all__ = [
 # idle-in-transaction timeout).
 SLICE_CHUNKS = 1024
 EMBED_STEP = 64
-# Reading order is a weaker relation than an explicit link (kbpg.entities.WEIGHT_LINK).
-WEIGHT_NEXT = 0.8
 
 
 # -- results ----------------------------------------------------------------------------------
@@ -285,7 +280,7 @@ class _Run:
 
         def write() -> None:
             staged = self._staged()
-            self._write_documents([item], staged)
+            write_documents(self.conn, [item], staged)
             # The slices go to a temporary stage and into kb.chunks in one statement, so the
             # BM25 statistics trigger runs once, not once a slice (which doubled the write time)
             create, copy_stage, insert, drop = queries.staged_copy(queries.COPY_CHUNKS)
@@ -309,7 +304,7 @@ class _Run:
             self.conn.execute(insert)
             self.conn.execute(drop)
             for start, stop in slices:
-                self._write_relations([(item, start, stop)], staged)
+                self.summary.edges += write_relations(self.conn, [(item, start, stop)], staged)
 
         if self._write_alone(item, write):
             return True
@@ -320,8 +315,6 @@ class _Run:
         """`write` (one document) in a transaction of its own; when the document's data fails
         it, the document is reported as not stored and the run goes on."""
         edges = self.summary.edges
-        if item.is_new:
-            item.existing_id = None  # the id a rolled-back transaction gave it is gone
         try:
             with self.transaction():
                 write()
@@ -342,53 +335,8 @@ class _Run:
 
     def _write(self, prepared: list[PreparedDocument], vectors: np.ndarray[Any, Any]) -> None:
         staged = self._staged()
-        self._write_documents(prepared, staged)
+        write_documents(self.conn, prepared, staged)
         self._write_chunks([(p, 0, len(p.chunks)) for p in prepared], vectors, staged)
-
-    def _write_documents(self, prepared: list[PreparedDocument], staged: bool) -> None:
-        """The documents' rows: changed ones updated (their old chunks deleted), new ones added."""
-        conn = self.conn
-        updated = [p for p in prepared if not p.is_new]
-        new = [p for p in prepared if p.is_new]
-        if updated:
-            # cascades to the chunks' edges, links and entities
-            conn.execute(queries.DELETE_CHUNKS_OF, ([p.existing_id for p in updated],))
-            with conn.cursor() as cur:
-                cur.executemany(
-                    queries.UPDATE_DOCUMENT,
-                    [
-                        (
-                            p.document.title,
-                            p.document.category,
-                            list(p.document.groups),
-                            list(p.document.labels),
-                            Jsonb(dict(p.document.metadata)),
-                            p.digest,
-                            p.existing_id,
-                        )
-                        for p in updated
-                    ],
-                )
-        if new:
-            with conn.cursor() as cur, copy_rows(cur, queries.COPY_DOCUMENTS, staged) as copy:
-                for p in new:
-                    d = p.document
-                    copy.write_row(
-                        (
-                            d.source,
-                            d.title,
-                            d.category,
-                            list(d.groups),
-                            list(d.labels),
-                            Jsonb(dict(d.metadata)),
-                            p.digest,
-                        )
-                    )
-            ids = dict(
-                conn.execute(queries.DOCUMENT_IDS, ([p.document.source for p in new],)).fetchall()
-            )
-            for p in new:
-                p.existing_id = int(ids[p.document.source])
 
     def _write_chunks(
         self,
@@ -400,39 +348,7 @@ class _Run:
         order, then their edges, links and entities."""
         with self.conn.cursor() as cur, copy_rows(cur, queries.COPY_CHUNKS, staged) as copy:
             copy_chunk_rows(copy, parts, vectors)
-        self._write_relations(parts, staged)
-
-    def _write_relations(
-        self, parts: list[tuple[PreparedDocument, int, int]], staged: bool
-    ) -> None:
-        """The `next` edges of chunks `start:stop` (from the chunk before `start` too), and
-        their links and entities."""
-        conn = self.conn
-        lows = [max(start - 1, 0) for _, start, _ in parts]
-        found = conn.execute(
-            queries.CHUNK_IDS,
-            ([p.existing_id for p, _, _ in parts], lows, [stop for _, _, stop in parts]),
-        ).fetchall()
-        ids: dict[tuple[int, int], int] = {
-            (int(doc), int(ordinal)): int(cid) for doc, ordinal, cid in found
-        }
-        del found
-        with conn.cursor() as cur:
-            with copy_rows(cur, queries.COPY_EDGES, staged) as copy:
-                for (p, _, stop), low in zip(parts, lows, strict=True):
-                    chain = [ids[p.existing_id or 0, ordinal] for ordinal in range(low, stop)]
-                    for src, dst in itertools.pairwise(chain):
-                        copy.write_row((src, dst, "next", WEIGHT_NEXT))
-                        self.summary.edges += 1
-            with cur.copy(queries.COPY_LINKS) as copy:
-                for p, start, stop in parts:
-                    for ordinal, target, fragment in p.links:
-                        if start <= ordinal < stop:
-                            copy.write_row((ids[p.existing_id or 0, ordinal], target, fragment))
-            with cur.copy(queries.COPY_ENTITIES) as copy:
-                for p, start, stop in parts:
-                    for ordinal, entity in entities_of(p, start, stop):
-                        copy.write_row((entity, ids[p.existing_id or 0, ordinal]))
+        self.summary.edges += write_relations(self.conn, parts, staged)
 
     def delete(self, document_ids: Sequence[int]) -> int:
         if not document_ids:

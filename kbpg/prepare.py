@@ -77,8 +77,10 @@ class PreparedDocument:
     document: Document
     digest: str
     chunks: list[Chunk]
-    existing_id: int | None = None
+    # its row's id: the stored document's, or (is_new) one taken for it ahead of the write
+    document_id: int | None = None
     is_new: bool = True
+    chunk_ids: list[int] = field(default_factory=list)  # by ordinal, taken ahead of the write
     links: list[tuple[int, str, str]] = field(default_factory=list)  # ordinal, target, fragment
     contexts: list[str | None] = field(default_factory=list)  # contextual retrieval, by ordinal
     context_keys: list[str | None] = field(default_factory=list)

@@ -84,7 +84,17 @@ SET_EMBEDDING_SPACE: Final = (
 EXISTING_DOCUMENTS: Final = (
     "select source, id, content_hash from kb.documents where source = any(%s)"
 )
-DOCUMENT_IDS: Final = "select source, id from kb.documents where source = any(%s)"
+# Ids for a batch's new documents and all its chunks, taken ahead of the write (on the
+# preparer's connection): the writer then copies rows with their ids and never looks them up
+# (looking up the chunks' ids after each COPY was planned as a scan of kb.chunks at times).
+# A sequence is not transactional: ids of a batch that fails are skipped, as on any rollback.
+ALLOCATE_IDS: Final = """
+select array(select pg_catalog.nextval(s.documents) from pg_catalog.generate_series(1, %s)),
+       array(select pg_catalog.nextval(s.chunks) from pg_catalog.generate_series(1, %s))
+  from (select pg_catalog.pg_get_serial_sequence('kb.documents', 'id')::pg_catalog.regclass,
+               pg_catalog.pg_get_serial_sequence('kb.chunks', 'id')::pg_catalog.regclass)
+       as s(documents, chunks)
+"""
 ALL_DOCUMENTS: Final = "select id, source from kb.documents"
 UPDATE_DOCUMENT: Final = """
 update kb.documents
@@ -94,22 +104,18 @@ update kb.documents
 """
 DELETE_CHUNKS_OF: Final = "delete from kb.chunks where document_id = any(%s)"
 DELETE_DOCUMENTS_BY_ID: Final = "delete from kb.documents where id = any(%s)"
+# COPY writes the given ids into the identity columns (as OVERRIDING SYSTEM VALUE would)
 COPY_DOCUMENTS: Final = (
-    "copy kb.documents (source, title, category, groups, labels, metadata, content_hash) from stdin"
+    "copy kb.documents (id, source, title, category, groups, labels, metadata, content_hash)"
+    " from stdin"
 )
 COPY_CHUNKS: Final = (
-    "copy kb.chunks (document_id, ordinal, section, content, groups, category, labels, embedding,"
-    " context, context_key) from stdin (format binary)"
+    "copy kb.chunks (id, document_id, ordinal, section, content, groups, category, labels,"
+    " embedding, context, context_key) from stdin (format binary)"
 )
 CHUNK_TYPES: Final = [
-    "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
+    "int8", "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
 ]  # fmt: skip
-# ids of the chunks with ordinals low <= ordinal < high of each (document, low, high)
-CHUNK_IDS: Final = """
-select c.document_id, c.ordinal, c.id
-  from unnest(%s::int8[], %s::int4[], %s::int4[]) as r(document_id, low, high)
-  join kb.chunks c on c.document_id = r.document_id and c.ordinal >= r.low and c.ordinal < r.high
-"""
 COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
 COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
 COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
@@ -128,10 +134,12 @@ def staged_copy(copy_sql: str) -> tuple[str, str, str, str]:
         raise ValueError(f"not a COPY_* statement: {copy_sql!r}")
     table, columns, options = match.groups()
     stage = f"kbpg_stage_{table}"
+    # an identity column's value is only taken from an INSERT that says so
+    overriding = " overriding system value" if columns.split(",")[0] == "id" else ""
     return (
         f"create temp table {stage} on commit drop as select {columns} from kb.{table} with no data",
         f"copy {stage} ({columns}) from stdin{options}",
-        f"insert into kb.{table} ({columns}) select {columns} from {stage}",
+        f"insert into kb.{table} ({columns}){overriding} select {columns} from {stage}",
         f"drop table {stage}",
     )
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from collections.abc import Iterator
 from typing import Any
@@ -10,18 +11,21 @@ from typing import Any
 import numpy as np
 import psycopg
 from psycopg.pq import TransactionStatus
+from psycopg.types.json import Jsonb
 
 from kbpg import db as kdb
 from kbpg import queries
 from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.errors import Busy
-from kbpg.prepare import PreparedDocument
+from kbpg.prepare import PreparedDocument, entities_of
 from kbpg.sources import printable
 
 _log = logging.getLogger("kbpg.ingest")
 
 # Serialises kbpg writers (ingest, delete, reembed) on one database.
 WRITE_LOCK_KEY = 0x6B627067  # "kbpg"
+# Reading order is a weaker relation than an explicit link (kbpg.entities.WEIGHT_LINK).
+WEIGHT_NEXT = 0.8
 
 
 @contextlib.contextmanager
@@ -52,7 +56,8 @@ def copy_chunk_rows(
             chunk = p.chunks[i]
             copy.write_row(
                 (
-                    p.existing_id,
+                    p.chunk_ids[i],
+                    p.document_id,
                     chunk.ordinal,
                     chunk.section,
                     chunk.content,
@@ -65,6 +70,82 @@ def copy_chunk_rows(
                 )
             )
             row += 1
+
+
+def write_documents(conn: Connection, prepared: list[PreparedDocument], staged: bool) -> None:
+    """The documents' rows: changed ones updated (their old chunks deleted), new ones added with
+    the ids taken for them (kbpg.batching)."""
+    updated = [p for p in prepared if not p.is_new]
+    new = [p for p in prepared if p.is_new]
+    if updated:
+        # cascades to the chunks' edges, links and entities
+        conn.execute(queries.DELETE_CHUNKS_OF, ([p.document_id for p in updated],))
+        with conn.cursor() as cur:
+            cur.executemany(
+                queries.UPDATE_DOCUMENT,
+                [
+                    (
+                        p.document.title,
+                        p.document.category,
+                        list(p.document.groups),
+                        list(p.document.labels),
+                        Jsonb(dict(p.document.metadata)),
+                        p.digest,
+                        p.document_id,
+                    )
+                    for p in updated
+                ],
+            )
+    if new:
+        with conn.cursor() as cur, copy_rows(cur, queries.COPY_DOCUMENTS, staged) as copy:
+            for p in new:
+                d = p.document
+                copy.write_row(
+                    (
+                        p.document_id,
+                        d.source,
+                        d.title,
+                        d.category,
+                        list(d.groups),
+                        list(d.labels),
+                        Jsonb(dict(d.metadata)),
+                        p.digest,
+                    )
+                )
+
+
+def write_relations(
+    conn: Connection, parts: list[tuple[PreparedDocument, int, int]], staged: bool
+) -> int:
+    """The `next` edges of chunks `start:stop` of each part (from the chunk before `start` too),
+    and their links and entities; returns the number of edges. A COPY with no rows is skipped."""
+    edges = [
+        (src, dst, "next", WEIGHT_NEXT)
+        for p, start, stop in parts
+        for src, dst in itertools.pairwise(p.chunk_ids[max(start - 1, 0) : stop])
+    ]
+    links = [
+        (p.chunk_ids[ordinal], target, fragment)
+        for p, start, stop in parts
+        for ordinal, target, fragment in p.links
+        if start <= ordinal < stop
+    ]
+    entities = [
+        (entity, p.chunk_ids[ordinal])
+        for p, start, stop in parts
+        for ordinal, entity in entities_of(p, start, stop)
+    ]
+    with conn.cursor() as cur:
+        if edges:
+            with copy_rows(cur, queries.COPY_EDGES, staged) as copy:
+                for edge in edges:
+                    copy.write_row(edge)
+        for copy_sql, rows in ((queries.COPY_LINKS, links), (queries.COPY_ENTITIES, entities)):
+            if rows:
+                with cur.copy(copy_sql) as copy:
+                    for found in rows:
+                        copy.write_row(found)
+    return len(edges)
 
 
 @contextlib.contextmanager

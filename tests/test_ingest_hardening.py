@@ -419,6 +419,57 @@ def test_a_failed_batch_write_retries_documents_one_by_one(db_url: str, kb: Know
     assert summary.chunks == rows(db_url, "select count(*) from kb.chunks")[0][0] == 2
 
 
+def test_ids_taken_ahead_of_the_write_survive_a_retried_batch(
+    db_url: str, kb: KnowledgeBase
+) -> None:
+    """Ids come from the tables' sequences before the batch is written (kbpg.batching): a batch
+    retried document by document keeps them, chunks chain in reading order, an update keeps its
+    document's id, and a row added afterwards by the identity default does not collide."""
+    from kbpg.ingest import ingest_documents
+
+    long = Document(source="long", title="Long", text=long_text(900))
+    docs = [
+        long,
+        Document(source="nul-group", title="G", text="Group with NUL.", groups=["a\x00"]),
+        Document(source="short", title="Bins", text="Bins are collected on Mondays."),
+    ]
+    summary = ingest_documents(kb, docs, batch_documents=10)
+    assert (summary.added, summary.failed) == (2, 1)
+    stored = rows(
+        db_url,
+        "select d.source, d.id, array_agg(c.id order by c.ordinal), array_agg(c.ordinal order by"
+        " c.ordinal) from kb.documents d join kb.chunks c on c.document_id = d.id group by 1, 2"
+        " order by 1",
+    )
+    assert [(source, ordinals) for source, _, _, ordinals in stored] == [
+        ("long", list(range(len(stored[0][3])))),
+        ("short", [0]),
+    ]
+    assert len(stored[0][3]) > 2
+    chunk_ids = stored[0][2] + stored[1][2]
+    assert len(set(chunk_ids)) == len(chunk_ids) == summary.chunks
+    chain = rows(
+        db_url,
+        "select src_chunk_id, dst_chunk_id from kb.edges where relation = 'next' order by 1",
+    )
+    assert chain == list(zip(stored[0][2], stored[0][2][1:], strict=False))
+
+    changed = Document(source="long", title="Long", text=long_text(400))
+    assert ingest_documents(kb, [changed]).updated == 1
+    again = rows(
+        db_url,
+        "select id, (select min(id) from kb.chunks c where c.document_id = d.id)"
+        " from kb.documents d where source = 'long'",
+    )
+    assert again[0][0] == stored[0][1]  # the same document row
+    assert again[0][1] > max(chunk_ids)  # its new chunks have new ids
+    manual = rows(
+        db_url,
+        "insert into kb.documents (source, content_hash) values ('manual', '') returning id",
+    )
+    assert manual[0][0] > max(stored[0][1], stored[1][1])
+
+
 def test_a_second_ingest_says_what_it_waits_for_and_gives_up(
     db_url: str, tmp_path: Path, cli_env: dict[str, str]
 ) -> None:
