@@ -16,6 +16,7 @@ from psycopg.types.json import Jsonb
 from kbpg import db as kdb
 from kbpg import queries
 from kbpg.app import Connection, KnowledgeBase, Principal
+from kbpg.copyformat import binary_text_array, binary_vectors, text_array, use_encoded
 from kbpg.errors import Busy
 from kbpg.prepare import PreparedDocument, entities_of
 from kbpg.sources import printable
@@ -46,12 +47,17 @@ def copy_rows(cur: Any, copy_sql: str, staged: bool) -> Iterator[Any]:
 def copy_chunk_rows(
     copy: Any, parts: list[tuple[PreparedDocument, int, int]], vectors: np.ndarray[Any, Any]
 ) -> None:
-    """Rows for COPY_CHUNKS: chunks `start:stop` of each part, `vectors` row by row."""
+    """Rows for COPY_CHUNKS: chunks `start:stop` of each part, `vectors` row by row (vectors and
+    filter arrays encoded in bulk, kbpg.copyformat)."""
+    use_encoded(copy, ("vector", "text[]"))
     copy.set_types(queries.CHUNK_TYPES)
+    encoding = copy.connection.info.encoding
+    encoded = binary_vectors(vectors)
     row = 0
     for p, start, stop in parts:
         d = p.document
-        groups, labels = sorted(set(d.groups)), sorted(set(d.labels))
+        groups = binary_text_array(sorted(set(d.groups)), encoding)
+        labels = binary_text_array(sorted(set(d.labels)), encoding)
         for i in range(start, stop):
             chunk = p.chunks[i]
             copy.write_row(
@@ -64,7 +70,7 @@ def copy_chunk_rows(
                     groups,
                     d.category,
                     labels,
-                    vectors[row],
+                    encoded[row],
                     p.contexts[i] if p.contexts else None,
                     p.context_keys[i] if p.context_keys else None,
                 )
@@ -97,6 +103,7 @@ def write_documents(conn: Connection, prepared: list[PreparedDocument], staged: 
                 ],
             )
     if new:
+        encoding = conn.info.encoding
         with conn.cursor() as cur, copy_rows(cur, queries.COPY_DOCUMENTS, staged) as copy:
             for p in new:
                 d = p.document
@@ -106,9 +113,9 @@ def write_documents(conn: Connection, prepared: list[PreparedDocument], staged: 
                         d.source,
                         d.title,
                         d.category,
-                        list(d.groups),
-                        list(d.labels),
-                        Jsonb(dict(d.metadata)),
+                        text_array(d.groups, encoding),
+                        text_array(d.labels, encoding),
+                        Jsonb(dict(d.metadata)) if d.metadata else "{}",
                         p.digest,
                     )
                 )
