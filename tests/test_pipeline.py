@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
 
 import pytest
 
-from kbpg.pipeline import Ahead
+from kbpg.pipeline import SWITCH_S, Ahead
 
 
 class Source:
@@ -88,3 +89,22 @@ def test_leaving_early_stops_the_thread_and_closes_the_source() -> None:
 def test_depth_must_be_positive() -> None:
     with pytest.raises(ValueError, match="at least 1"):
         Ahead(iter([1]), depth=0)
+
+
+def test_the_switch_interval_is_lowered_while_working_ahead_then_restored() -> None:
+    before = sys.getswitchinterval()
+    seen: list[float] = []
+
+    def items() -> Iterator[int]:
+        seen.append(sys.getswitchinterval())
+        yield 1
+
+    with Ahead(items()) as ahead:
+        assert list(ahead) == [1]
+        assert sys.getswitchinterval() == pytest.approx(min(before, SWITCH_S))
+    assert seen == [pytest.approx(min(before, SWITCH_S))]
+    assert sys.getswitchinterval() == before
+    source = Source(5, fail_at=2)
+    with pytest.raises(ValueError, match="bad item 2"), Ahead(source()) as failing:
+        list(failing)
+    assert sys.getswitchinterval() == before
