@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import re
 from typing import Any
 
@@ -17,9 +18,10 @@ MAX_ENTITY_DOCUMENTS = 5
 _CODE = re.compile(r"(?<![\w-])[A-Za-z0-9]+(?:[-/][A-Za-z0-9]+)*(?![\w-])")
 # A code holds a digit, and whitespace is neither \w nor "-": so codes are found inside the
 # whitespace-separated words that hold a digit, with the same matches as over the whole text
-# (anchored at word starts, so that a word without a digit is read once: 90 -> 15 us in all for
-# a 260-character chunk; the whole-text scan created a match object per word).
-_DIGIT_WORD = re.compile(r"(?<!\S)[^\s0-9]*[0-9]\S*")
+# (90 -> 15 us in all for a 260-character chunk: the whole-text scan created a match object per
+# word). The words are str.split()'s (the same whitespace as re's \s, checked for every code
+# point) filtered in C: 7.9 -> 4.3 us a bench chunk, 3.8 -> 2.3 us an NPL text, against a
+# pattern anchored at word starts, (?<!\S)[^\s0-9]*[0-9]\S* (the same words on NPL and fuzz).
 _DIGITS = frozenset("0123456789")
 _ACRONYM = re.compile(r"\b[A-Z]{3,}\b")
 _NAME = re.compile(
@@ -88,7 +90,7 @@ def extract_entities(text: str) -> set[str]:
     Whether an entity links chunks is decided later by how few documents mention it.
     """
     found: set[str] = set()
-    for word in _DIGIT_WORD.findall(text):
+    for word in itertools.filterfalse(_DIGITS.isdisjoint, text.split()):
         for token in _CODE.findall(word):
             # ASCII only: a digit, and an upper-case letter (then lower() changes it)
             if len(token) >= 3 and not _DIGITS.isdisjoint(token) and token.lower() != token:
