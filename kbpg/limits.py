@@ -119,6 +119,8 @@ def json_metadata(metadata: Mapping[str, Any], where: str) -> dict[str, Any]:
             f"{where}: metadata {at or 'value'} is a {type(value).__name__}, not a JSON value"
         )
 
+    if not metadata:
+        return {}  # nothing to convert or measure (4.5 us a record without metadata)
     converted: dict[str, Any] = convert(dict(metadata), "", 0)
     size = len(json.dumps(converted, ensure_ascii=False).encode())
     if size > MAX_METADATA_BYTES:

@@ -22,6 +22,9 @@ from kbpg.loaders import Document
 # Bump when chunking or entity extraction changes: every document is then re-ingested.
 PIPELINE_VERSION = 1
 _HASH_PIECE_CHARS = 1 << 20
+# json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str), without building an
+# encoder for every document
+_PAYLOAD = json.JSONEncoder(sort_keys=True, ensure_ascii=False, default=str)
 
 
 def content_hash(document: Document) -> str:
@@ -50,7 +53,7 @@ def content_hash(document: Document) -> str:
     }
     if document.embedding is not None:
         payload["embedding"] = hashlib.sha256(document.embedding.tobytes()).hexdigest()
-    encoded = json.dumps(payload, sort_keys=True, ensure_ascii=False, default=str)
+    encoded = _PAYLOAD.encode(payload)
     if not big:
         return hashlib.sha256(encoded.encode()).hexdigest()
     # each placeholder (JSON-encoded) stands for its section's text, encoded piece by piece:
