@@ -320,7 +320,7 @@ begin
     -- the '1' bits, found by splitting their text on '1' (C string code; the pieces are the gaps
     -- between set bits; octet_length, as length() counts the characters of every piece); only
     -- the bits (2 kB a block) go through a query: one over the sums would copy every 64 kB sum
-    -- (2-3 ms at 1M chunks), which the loop below reads in place, one element per set bit
+    -- (4 MB at 1M chunks), which the loop below reads in place, one element per set bit
     select pg_catalog.array_agg(p.slot order by p.slot, p.pos),
            pg_catalog.array_agg(p.pos order by p.slot, p.pos)
       into slots, positions
