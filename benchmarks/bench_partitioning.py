@@ -651,6 +651,37 @@ def writes(
             except psycopg.Error as exc:
                 outcome.append(f"SQLSTATE {exc.sqlstate}: {exc.diag.message_primary}")
         log(f"  {name}: plain {outcome[0]}; partitioned {outcome[1]}")
+    log("removing a tenant's partition (partitioned database only; statistics against a recount):")
+    recount = "select (select chunk_count from kb.corpus_stats), (select count(*) from kb.chunks)"
+    for name, statements in (
+        ("detach", [f"alter table kb.chunks detach partition kb.chunks_{BIG}"]),
+        (
+            "delete its edges, then detach",
+            [
+                f"delete from kb.edges where src_category = '{BIG}' or dst_category = '{BIG}'",
+                f"alter table kb.chunks detach partition kb.chunks_{BIG}",
+            ],
+        ),
+        (
+            "delete its edges, then drop",
+            [
+                f"delete from kb.edges where src_category = '{BIG}' or dst_category = '{BIG}'",
+                f"drop table kb.chunks_{BIG}",
+            ],
+        ),
+    ):
+        try:
+            with parted.transaction():
+                for sql in statements:
+                    parted.execute(sql)
+                counted, present = rows(parted, recount)[0]
+                result = (
+                    f"ok; kb.corpus_stats counts {counted:,} chunks, kb.chunks holds {present:,}"
+                )
+                raise psycopg.Rollback
+        except psycopg.Error as exc:
+            result = f"SQLSTATE {exc.sqlstate}: {exc.diag.message_primary}"
+        log(f"  {name} kb.chunks_{BIG}: {result}")
 
 
 def ingest_check(admin: str, url: str, home: Path) -> None:
