@@ -29,7 +29,7 @@ kbpg builds them. Then, in one run:
     statistics and lexical results compared after each and after a refresh of the cache;
     rows the partitioned table refuses (no tenant, unknown tenant).
 
-    python benchmarks/bench_partitioning.py                  # 200k chunks, ~25 min on 2 cores
+    python benchmarks/bench_partitioning.py                  # 200k chunks, ~10 min on 2 cores
     python benchmarks/bench_partitioning.py --chunks 50000   # quick look
     python benchmarks/bench_partitioning.py --keep /tmp/kbpg-part  # keep the two loaded
         # databases; a later run with the same --keep reuses them (no reload)
@@ -60,7 +60,6 @@ from bench_search import (
     DIM,
     POOL,
     bench_home,
-    build_indexes,
     corpus_arguments,
     database_url,
     exact_neighbours,
@@ -74,195 +73,16 @@ from bench_search import (
     read_info,
     write_info,
 )
+from partitioned_chunks import BIG, SMALL, assign, estimate_fix, partition_chunks, rows
 
 from kbpg import db as kdb
 from kbpg.server import EmbeddedServer
-
-# tenant -> share of the documents, in thousandths
-TENANTS = {"t00": 10, "t01": 250, **{f"t{i:02d}": 74 for i in range(2, 12)}}
-SMALL, BIG = "t00", "t01"
-
-
-def tenant_of(d: int) -> str:
-    """Document d's tenant: slots of 1,000 consecutive documents hold each tenant's share."""
-    slot = d * 7919 % 1000  # 7919 is prime: every run of 1,000 documents covers each slot once
-    for tenant, share in TENANTS.items():
-        if slot < share:
-            return tenant
-        slot -= share
-    raise AssertionError("shares add up to 1000")
-
-
-def assign(d: int) -> tuple[str, str]:
-    tenant = tenant_of(d)
-    return tenant, tenant
-
-
-# (table, chunk id column, the tenant column added beside it)
-REFERENCES = [
-    ("edges", "src_chunk_id", "src_category"),
-    ("edges", "dst_chunk_id", "dst_category"),
-    ("chunk_links", "chunk_id", "category"),
-    ("chunk_entities", "chunk_id", "category"),
-]
 
 NEXT_EDGES = """
 insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)
 select c.id, n.id, 'next', 0.5 from kb.chunks c
   join kb.chunks n on n.document_id = c.document_id and n.ordinal = c.ordinal + 1
 """
-
-
-def rows(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()) -> list[Any]:
-    return conn.execute(sql, params or None).fetchall()
-
-
-def partition_chunks(conn: psycopg.Connection[Any], url: str, build: bool = True) -> dict[str, Any]:
-    """Rebuild kb.chunks as a table partitioned by LIST (category), one partition a tenant (see
-    the module docstring), and (`build`) its GIN, HNSW and impact cache as after a first load;
-    timings and what the drop took with it (`dropped`) returned."""
-    timings: dict[str, Any] = {}
-    conn.autocommit = False
-    # what kb.chunks carries besides columns, read while its name is still kb.chunks
-    triggers = [
-        r[0]
-        for r in rows(
-            conn,
-            "select pg_get_triggerdef(oid) from pg_trigger"
-            " where tgrelid = 'kb.chunks'::regclass and not tgisinternal order by tgname",
-        )
-    ]
-    indexes = rows(
-        conn,
-        "select i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) from pg_index i"
-        " where i.indrelid = 'kb.chunks'::regclass and not i.indisunique",
-    )
-    policies = rows(
-        conn,
-        "select tablename, policyname, cmd, qual, with_check from pg_policies"
-        " where schemaname = 'kb' and (tablename = 'chunks' or qual ~ 'kb\\.chunks\\M')",
-    )
-    grants = rows(
-        conn,
-        "select c.oid::regclass::text, c.relkind::text, a.grantee::regrole::text,"
-        " string_agg(a.privilege_type, ', ') from pg_class c cross join aclexplode(c.relacl) a"
-        " where c.oid in ('kb.chunks'::regclass, 'kb.chunks_id_seq'::regclass)"
-        " and a.grantee not in (0, c.relowner) group by 1, 2, 3",
-    )
-    (options,) = rows(
-        conn,
-        "select coalesce(array_to_string(reloptions, ', '), '') from pg_class"
-        " where oid = 'kb.chunks'::regclass",
-    )[0]
-    for name, _ in indexes:
-        conn.execute(f"drop index {name}")
-    conn.execute("alter table kb.chunks rename to chunks_unpartitioned")
-    conn.execute("alter index kb.chunks_pkey rename to chunks_unpartitioned_pkey")
-    conn.execute(
-        "alter index kb.chunks_document_id_ordinal_key"
-        " rename to chunks_unpartitioned_document_id_ordinal_key"
-    )
-    conn.execute("alter sequence kb.chunks_id_seq rename to chunks_unpartitioned_id_seq")
-    conn.execute(
-        "create table kb.chunks (like kb.chunks_unpartitioned including defaults"
-        " including identity including constraints including storage including compression"
-        " including comments) partition by list (category)"
-    )
-    conn.execute(
-        "alter table kb.chunks add constraint chunks_pkey primary key (id, category),"
-        " add constraint chunks_document_id_ordinal_key unique (document_id, ordinal, category),"
-        " add constraint chunks_document_id_fkey foreign key (document_id)"
-        " references kb.documents (id) on delete cascade"
-    )
-    with_options = f" with ({options})" if options else ""
-    for tenant in TENANTS:
-        conn.execute(
-            f"create table kb.chunks_{tenant} partition of kb.chunks"
-            f" for values in ('{tenant}'){with_options}"
-        )
-    conn.execute("select setval('kb.chunks_id_seq', (select max(id) from kb.chunks_unpartitioned))")
-    for trigger in triggers:
-        conn.execute(trigger)
-    # the statistics are counted again by the triggers on the parent, the cache rebuilt
-    conn.execute("update kb.corpus_stats set chunk_count = 0, total_tokens = 0")
-    conn.execute("delete from kb.lexeme_stats")
-    conn.execute("delete from kb.lexical_blocks")
-    conn.execute("delete from kb.lexical_pending")
-    conn.execute("delete from kb.lexical_dirty_blocks")
-    conn.execute("update kb.lexical_state set watermark = 0, avgdl = 1, refreshed_at = null")
-    columns = ", ".join(
-        r[0]
-        for r in rows(
-            conn,
-            "select quote_ident(attname) from pg_attribute where attrelid = 'kb.chunks'::regclass"
-            " and attnum > 0 and not attisdropped order by attnum",
-        )
-    )
-    (max_id,) = rows(conn, "select coalesce(max(id), 0) from kb.chunks_unpartitioned")[0]
-    started = time.perf_counter()
-    for low in range(0, max_id + 1, 20000):
-        conn.execute(
-            f"insert into kb.chunks ({columns}) overriding system value select {columns}"
-            " from kb.chunks_unpartitioned where id >= %s and id < %s order by id",
-            (low, low + 20000),
-        )
-    timings["insert_s"] = time.perf_counter() - started
-    tables: dict[str, list[tuple[str, str]]] = {}
-    for table, id_column, tenant_column in REFERENCES:
-        tables.setdefault(table, []).append((id_column, tenant_column))
-        conn.execute(f"alter table kb.{table} add column {tenant_column} text")
-        conn.execute(
-            f"update kb.{table} r set {tenant_column} = c.category"
-            f" from kb.chunks c where c.id = r.{id_column}"
-        )
-        conn.execute(f"alter table kb.{table} alter column {tenant_column} set not null")
-    dropped: list[str] = []
-    conn.add_notice_handler(lambda d: dropped.append(d.message_detail or ""))
-    conn.execute("set client_min_messages = notice")
-    conn.execute("drop table kb.chunks_unpartitioned cascade")
-    conn.execute("reset client_min_messages")
-    timings["dropped"] = [line for text in dropped for line in text.splitlines()]
-    for table, pairs in tables.items():
-        fill = ""
-        for id_column, tenant_column in pairs:
-            conn.execute(
-                f"alter table kb.{table} add foreign key ({id_column}, {tenant_column})"
-                " references kb.chunks (id, category) on delete cascade on update cascade"
-            )
-            fill += (
-                f"if new.{tenant_column} is null then select c.category into new.{tenant_column}"
-                f" from kb.chunks c where c.id = new.{id_column}; end if;\n"
-            )
-        # writers that do not know the tenant (kbpg's ingest copies chunk ids only)
-        conn.execute(
-            f"create function kb._{table}_tenant() returns trigger language plpgsql"
-            f" set search_path = pg_catalog, pg_temp as $$ begin {fill} return new; end $$"
-        )
-        conn.execute(
-            f"create trigger {table}_tenant before insert on kb.{table}"
-            f" for each row execute function kb._{table}_tenant()"
-        )
-    for table, name, cmd, qual, check in policies:
-        conn.execute(
-            f"create policy {name} on kb.{table} for {cmd} to public"
-            + (f" using ({qual})" if qual else "")
-            + (f" with check ({check})" if check else "")
-        )
-    for relation, kind, grantee, privileges in grants:
-        sequence = "sequence " if kind == "S" else ""
-        conn.execute(f"grant {privileges} on {sequence}{relation} to {grantee}")
-    conn.commit()
-    # the functions the drop took with it, and every body bound to the new table
-    kdb.upgrade(url)
-    started = time.perf_counter()
-    for name, definition in indexes:
-        if not build or name not in ("kb.chunks_tsv_gin", "kb.chunks_embedding_hnsw"):
-            conn.execute(definition)
-    conn.commit()
-    timings["filter_indexes_s"] = time.perf_counter() - started
-    if build:
-        build_indexes(conn, url, timings)
-    return timings
 
 
 STATS = {
@@ -289,26 +109,6 @@ def compare(
             same = False
             log(f"  DIFFERENT {name}: plain {a} partitioned {b}")
     return same
-
-
-# kb._filtered_rows_estimate sizes its sample by the table's own pages: 0 for a partitioned table
-TABLE_PAGES = "pg_catalog.pg_relation_size('kb.chunks'::pg_catalog.regclass)"
-PARTITION_PAGES = (
-    "(select pg_catalog.sum(pg_catalog.pg_relation_size(t.relid))"
-    " from pg_catalog.pg_partition_tree('kb.chunks'::pg_catalog.regclass) t)"
-)
-
-
-def estimate_fix(conn: psycopg.Connection[Any]) -> None:
-    """kb._filtered_rows_estimate of sql/020 sizing the table by its partitions (not in kbpg)."""
-    (path,) = [f for f in kdb.sql_files() if f.name.startswith("020-")]
-    text = path.read_text()
-    found = re.search(
-        r"create or replace function kb\._filtered_rows_estimate\(.*?\n\$\$;", text, re.S
-    )
-    assert found is not None and TABLE_PAGES in found.group(0)
-    conn.execute(found.group(0).replace(TABLE_PAGES, PARTITION_PAGES).encode())
-    log("partitioned database: kb._filtered_rows_estimate sizes the table by its partitions' pages")
 
 
 def plan_summary(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any]) -> list[str]:
