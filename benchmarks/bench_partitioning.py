@@ -183,6 +183,9 @@ def main() -> None:
         if info is None:
             info = load_both(admin, url, args)
             write_info(home, info, args)
+        else:  # a kept server: today's sql/ functions in both databases
+            kdb.upgrade(url("plain"))
+            kdb.upgrade(url("parted"))
         with (
             psycopg.connect(url("plain"), prepare_threshold=None, autocommit=True) as plain,
             psycopg.connect(url("parted"), prepare_threshold=None, autocommit=True) as parted,
