@@ -25,9 +25,14 @@ kbpg builds them. Then, in one run:
   speed: every variant on both databases query by query, one right after the other, p50/p95
     and the median of the per-query ratio partitioned / plain;
   plans: which partitions each statement inside kb.search read (auto_explain, nested);
+  ingest: the real `kbpg ingest`, `kbpg search` and `kbpg stats` on an empty knowledge base
+    partitioned first (database `ingest`), with records the partitions cannot take;
   writes: insert, text update, cascaded delete and a move between tenants on both databases,
     statistics and lexical results compared after each and after a refresh of the cache;
-    rows the partitioned table refuses (no tenant, unknown tenant).
+    rows the partitioned table refuses (no tenant, unknown tenant); a tenant's partition
+    detached or dropped, the statistics against a recount (all rolled back).
+
+The schema rebuild is benchmarks/partitioned_chunks.py.
 
     python benchmarks/bench_partitioning.py                  # 200k chunks, ~10 min on 2 cores
     python benchmarks/bench_partitioning.py --chunks 50000   # quick look
