@@ -1,8 +1,8 @@
 """Benchmark kb.chunks partitioned by tenant against the usual table, in one run (not a test; prints numbers).
 
 The synthetic corpus of bench_search.py (words from NPL's distribution, 384-d clustered vectors,
-documents of 10 chunks), each document in one tenant: 12 tenants, t00 with 1% of the chunks,
-t01 with 25%, t02-t11 with 7.4% each, interleaved over the ids. A document's tenant is both its
+documents of 10 chunks), each document in one tenant: 12 tenants (--tenants), t00 with 1% of
+the chunks, t01 with 25%, t02-t11 with 7.4% each, interleaved over the ids. A document's tenant is both its
 group and its category: `category` is the partition key, because it is the one scalar filter
 kb.search takes (an equality, so the planner can prune on it); `groups` is text[] and filters
 by overlap, which no partitioning prunes.
@@ -78,7 +78,15 @@ from bench_search import (
     read_info,
     write_info,
 )
-from partitioned_chunks import BIG, SMALL, assign, estimate_fix, partition_chunks, rows
+from partitioned_chunks import (
+    BIG,
+    SMALL,
+    assigner,
+    estimate_fix,
+    partition_chunks,
+    rows,
+    tenant_shares,
+)
 
 from kbpg import db as kdb
 from kbpg.server import EmbeddedServer
@@ -174,7 +182,14 @@ def main() -> None:
         help="time the partitioned database with kb._filtered_rows_estimate sizing the table by"
         " its partitions' pages (sql/020 reads kb.chunks' own size, 0 for a partitioned table)",
     )
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=12,
+        help="tenants (partitions): t00 1%%, t01 25%%, the others equal shares of the rest",
+    )
     args = parser.parse_args()
+    tenant_shares(args.tenants)  # checked before anything is loaded
 
     home = bench_home(args.keep, "kbpg-part-")
     server = EmbeddedServer(home, durable=False)
@@ -185,8 +200,11 @@ def main() -> None:
             return database_url(admin, database)
 
         info = read_info(home, args)
+        if info is not None and info.get("tenants", 12) != args.tenants:
+            raise SystemExit(f"{home} holds {info.get('tenants', 12)} tenants")
         if info is None:
             info = load_both(admin, url, args)
+            info["tenants"] = args.tenants
             write_info(home, info, args)
         else:  # a kept server: today's sql/ functions in both databases
             kdb.upgrade(url("plain"))
@@ -220,7 +238,9 @@ def load_both(admin: str, url: Callable[[str], str], args: argparse.Namespace) -
     with psycopg.connect(url("plain"), prepare_threshold=None) as conn:
         register_vector(conn)
         log(f"loading {args.chunks:,} chunks into database plain ...")
-        info = load(conn, url("plain"), args.chunks, args.seed, assign=assign)
+        info = load(
+            conn, url("plain"), args.chunks, args.seed, assign=assigner(tenant_shares(args.tenants))
+        )
         conn.execute(NEXT_EDGES)
     log(
         f"plain: load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s,"
@@ -233,7 +253,7 @@ def load_both(admin: str, url: Callable[[str], str], args: argparse.Namespace) -
     log(f"parted: copied from plain in {time.perf_counter() - t:.0f} s; partitioning kb.chunks")
     with psycopg.connect(url("parted"), prepare_threshold=None) as conn:
         register_vector(conn)
-        timings = partition_chunks(conn, url("parted"))
+        timings = partition_chunks(conn, url("parted"), list(tenant_shares(args.tenants)))
     for line in timings.pop("dropped"):
         log(f"  {line}")
     log(
@@ -501,7 +521,7 @@ def ingest_check(admin: str, url: str, home: Path) -> None:
         c.execute("create database ingest")
     kdb.upgrade(url)
     with psycopg.connect(url) as conn:
-        partition_chunks(conn, url, build=False)
+        partition_chunks(conn, url, list(tenant_shares(12)), build=False)
     nrng = np.random.default_rng(7)
     files = {
         # tenants as categories; a shared rare code (an entity edge) and a link between records

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
@@ -13,25 +13,30 @@ from bench_search import build_indexes, log
 
 from kbpg import db as kdb
 
-# tenant -> share of the documents, in thousandths
-TENANTS = {"t00": 10, "t01": 250, **{f"t{i:02d}": 74 for i in range(2, 12)}}
 SMALL, BIG = "t00", "t01"
 
 
-def tenant_of(d: int) -> str:
-    """Document d's tenant: slots of 1,000 consecutive documents hold each tenant's share."""
-    slot = d * 7919 % 1000  # 7919 is prime: every run of 1,000 documents covers each slot once
-    for tenant, share in TENANTS.items():
-        if slot < share:
-            return tenant
-        slot -= share
-    raise AssertionError("shares add up to 1000")
+def tenant_shares(n: int) -> dict[str, int]:
+    """n tenants -> share of the documents, in thousandths: t00 1%, t01 25%, the others equal
+    shares of the rest (n - 2 must divide 740: 12, 22, 39, 76 tenants)."""
+    if n < 3 or 740 % (n - 2):
+        raise SystemExit(f"--tenants {n}: n - 2 must divide 740 (12, 22, 39 or 76 tenants)")
+    return {SMALL: 10, BIG: 250, **{f"t{i:02d}": 740 // (n - 2) for i in range(2, n)}}
 
 
-def assign(d: int) -> tuple[str, str]:
-    """Document d's (group, category): its tenant for both."""
-    tenant = tenant_of(d)
-    return tenant, tenant
+def assigner(tenants: dict[str, int]) -> Callable[[int], tuple[str, str]]:
+    """Document d's (group, category): its tenant for both. Slots of 1,000 consecutive
+    documents hold each tenant's share."""
+
+    def assign(d: int) -> tuple[str, str]:
+        slot = d * 7919 % 1000  # 7919 is prime: every 1,000 documents cover each slot once
+        for tenant, share in tenants.items():
+            if slot < share:
+                return tenant, tenant
+            slot -= share
+        raise AssertionError("shares add up to 1000")
+
+    return assign
 
 
 # (table, chunk id column, the tenant column added beside it)
@@ -93,7 +98,9 @@ def read_extras(conn: psycopg.Connection[Any]) -> Extras:
     )
 
 
-def swap_in_partitioned(conn: psycopg.Connection[Any], extras: Extras) -> None:
+def swap_in_partitioned(
+    conn: psycopg.Connection[Any], extras: Extras, tenants: Sequence[str]
+) -> None:
     """The old table becomes kb.chunks_unpartitioned; a partitioned kb.chunks (same columns,
     the partition key in its keys, one partition a tenant) takes its name and triggers."""
     for name, _ in extras.indexes:
@@ -118,7 +125,7 @@ def swap_in_partitioned(conn: psycopg.Connection[Any], extras: Extras) -> None:
     )
     # a partitioned table takes no storage parameters: each partition does
     with_options = f" with ({extras.options})" if extras.options else ""
-    for tenant in TENANTS:
+    for tenant in tenants:
         conn.execute(
             f"create table kb.chunks_{tenant} partition of kb.chunks"
             f" for values in ('{tenant}'){with_options}"
@@ -194,14 +201,16 @@ def add_reference_keys(conn: psycopg.Connection[Any]) -> None:
         )
 
 
-def partition_chunks(conn: psycopg.Connection[Any], url: str, build: bool = True) -> dict[str, Any]:
+def partition_chunks(
+    conn: psycopg.Connection[Any], url: str, tenants: Sequence[str], build: bool = True
+) -> dict[str, Any]:
     """Rebuild kb.chunks as a table partitioned by LIST (category), one partition a tenant (see
     bench_partitioning's docstring), and (`build`) its GIN, HNSW and impact cache as after a
     first load; timings and what the drop took with it (`dropped`) returned."""
     timings: dict[str, Any] = {}
     conn.autocommit = False
     extras = read_extras(conn)
-    swap_in_partitioned(conn, extras)
+    swap_in_partitioned(conn, extras, tenants)
     timings["insert_s"] = copy_rows(conn)
     add_reference_tenants(conn)
     dropped: list[str] = []
