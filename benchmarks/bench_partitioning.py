@@ -85,6 +85,7 @@ from partitioned_chunks import (
     estimate_fix,
     partition_chunks,
     rows,
+    rows_fix,
     tenant_shares,
 )
 
@@ -183,6 +184,12 @@ def main() -> None:
         " its partitions' pages (sql/020 reads kb.chunks' own size, 0 for a partitioned table)",
     )
     parser.add_argument(
+        "--rows-fix",
+        action="store_true",
+        help="time the partitioned database with kb.fuse_rrf declared to return 100 rows (the"
+        " default estimate of 1000 turns kb.search's id join into a scan of every partition)",
+    )
+    parser.add_argument(
         "--tenants",
         type=int,
         default=12,
@@ -217,12 +224,14 @@ def main() -> None:
             register_vector(parted)
             if args.estimate_fix:
                 estimate_fix(parted)
+            if args.rows_fix:
+                rows_fix(parted)
             run(plain, parted, info, args)
             ingest_check(admin, url("ingest"), home)
             # rolled back: a kept server's databases stay as loaded
             with plain.transaction(force_rollback=True), parted.transaction(force_rollback=True):
                 writes(plain, parted, info)
-        kdb.upgrade(url("parted"))  # sql/'s functions again (after --estimate-fix)
+        kdb.upgrade(url("parted"))  # sql/'s functions again (after --estimate-fix, --rows-fix)
     finally:
         server.stop()
         if args.keep is None:

@@ -261,3 +261,16 @@ def estimate_fix(conn: psycopg.Connection[Any]) -> None:
     assert found is not None and TABLE_PAGES in found.group(0)
     conn.execute(found.group(0).replace(TABLE_PAGES, PARTITION_PAGES).encode())
     log("partitioned database: kb._filtered_rows_estimate sizes the table by its partitions' pages")
+
+
+def rows_fix(conn: psycopg.Connection[Any]) -> None:
+    """kb.fuse_rrf declared to return 100 rows, not PostgreSQL's default estimate of 1000 (it
+    returns at most 3 pools): with many partitions that estimate makes kb.search join its fused
+    ids to kb.chunks by hashing a scan of every partition (not in kbpg)."""
+    for (signature,) in rows(
+        conn,
+        "select p.oid::regprocedure::text from pg_proc p"
+        " where p.pronamespace = 'kb'::regnamespace and p.proname = 'fuse_rrf'",
+    ):
+        conn.execute(f"alter function {signature} rows 100")
+    log("partitioned database: kb.fuse_rrf is declared to return 100 rows")
