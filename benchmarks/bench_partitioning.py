@@ -26,7 +26,8 @@ kbpg builds them. Then, in one run:
     and the median of the per-query ratio partitioned / plain;
   plans: which partitions each statement inside kb.search read (auto_explain, nested);
   ingest: the real `kbpg ingest`, `kbpg search` and `kbpg stats` on an empty knowledge base
-    partitioned first (database `ingest`), with records the partitions cannot take;
+    partitioned first (database `ingest`), with records the partitions cannot take, and
+    kb.access_enable with a reader granted one tenant's group;
   writes: insert, text update, cascaded delete and a move between tenants on both databases,
     statistics and lexical results compared after each and after a refresh of the cache;
     rows the partitioned table refuses (no tenant, unknown tenant); a tenant's partition
@@ -568,12 +569,45 @@ def ingest_check(admin: str, url: str, home: Path) -> None:
         f"  chunks {counts[0]}, edges {counts[1]}, chunk entities {counts[2]}, impact cache rows"
         f" {counts[3]}, HNSW index present {counts[4]}, kb.corpus_stats chunk_count {counts[5]}"
     )
+    access_check(url)
     for command in (["search", "reactor neutron flux", "--json", "--category", "t01"], ["stats"]):
         done = subprocess.run([kbpg, *command], env=env, capture_output=True, text=True)
         out = done.stdout if done.returncode == 0 else done.stderr
         hits = len(json.loads(out)) if "--json" in command and done.returncode == 0 else None
         summary = f"{hits} hits" if hits is not None else " ".join(out.split())[:300]
         log(f"  kbpg {command[0]}: exit {done.returncode}; {summary}")
+
+
+def access_check(url: str) -> None:
+    """kb.access_enable (row-level security on the partitioned parent) and a reader granted one
+    tenant's group: what kb.search returns to it."""
+    reader = "kbpg_bench_partition_reader"
+    search = (
+        "select c.category, count(*) from kb.search('reactor neutron flux', match_count => 60) s"
+        " join kb.chunks c on c.id = s.chunk_id group by 1 order by 1"
+    )
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"drop role if exists {reader}")
+        conn.execute(f"create role {reader} in role kbpg_reader")
+        conn.execute("select kb.grant_groups(%s, array['t01'])", (reader,))
+        try:
+            (enabled,) = rows(conn, "select kb.access_enable()")[0]
+            (split,) = rows(conn, "select split_by_groups from kb.lexical_state")[0]
+            owner = rows(conn, search)
+            with conn.transaction():
+                conn.execute(f"set local role {reader}")
+                seen = rows(conn, search)
+            log(
+                f"  access control: kb.access_enable() {enabled}, impact cache split by groups"
+                f" {split}; kb.search (lexical) returns the owner {owner}, a reader granted"
+                f" t01 {seen}"
+            )
+        except psycopg.Error as exc:
+            log(f"  access control: SQLSTATE {exc.sqlstate}: {exc.diag.message_primary}")
+        finally:
+            conn.execute("select kb.access_disable()")
+            conn.execute("select kb.revoke_groups(%s)", (reader,))
+            conn.execute(f"drop role {reader}")
 
 
 if __name__ == "__main__":
