@@ -83,10 +83,8 @@ from partitioned_chunks import (
     BIG,
     SMALL,
     assigner,
-    estimate_fix,
     partition_chunks,
     rows,
-    rows_fix,
     tenant_shares,
 )
 
@@ -179,18 +177,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     corpus_arguments(parser)
     parser.add_argument(
-        "--estimate-fix",
-        action="store_true",
-        help="time the partitioned database with kb._filtered_rows_estimate sizing the table by"
-        " its partitions' pages (sql/020 reads kb.chunks' own size, 0 for a partitioned table)",
-    )
-    parser.add_argument(
-        "--rows-fix",
-        action="store_true",
-        help="time the partitioned database with kb.fuse_rrf declared to return 100 rows (the"
-        " default estimate of 1000 turns kb.search's id join into a scan of every partition)",
-    )
-    parser.add_argument(
         "--tenants",
         type=int,
         default=12,
@@ -223,16 +209,11 @@ def main() -> None:
         ):
             register_vector(plain)
             register_vector(parted)
-            if args.estimate_fix:
-                estimate_fix(parted)
-            if args.rows_fix:
-                rows_fix(parted)
             run(plain, parted, info, args)
             ingest_check(admin, url("ingest"), home)
             # rolled back: a kept server's databases stay as loaded
             with plain.transaction(force_rollback=True), parted.transaction(force_rollback=True):
                 writes(plain, parted, info)
-        kdb.upgrade(url("parted"))  # sql/'s functions again (after --estimate-fix, --rows-fix)
     finally:
         server.stop()
         if args.keep is None:

@@ -3,13 +3,12 @@ kb._filtered_rows_estimate sized by partitions (none of it is part of kbpg)."""
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Callable, Sequence
 from typing import Any, NamedTuple
 
 import psycopg
-from bench_search import build_indexes, log
+from bench_search import build_indexes
 
 from kbpg import db as kdb
 
@@ -241,36 +240,3 @@ def partition_chunks(
     if build:
         build_indexes(conn, url, timings)
     return timings
-
-
-# kb._filtered_rows_estimate sizes its sample by the table's own pages: 0 for a partitioned table
-TABLE_PAGES = "pg_catalog.pg_relation_size('kb.chunks'::pg_catalog.regclass)"
-PARTITION_PAGES = (
-    "(select pg_catalog.sum(pg_catalog.pg_relation_size(t.relid))"
-    " from pg_catalog.pg_partition_tree('kb.chunks'::pg_catalog.regclass) t)"
-)
-
-
-def estimate_fix(conn: psycopg.Connection[Any]) -> None:
-    """kb._filtered_rows_estimate of sql/020 sizing the table by its partitions (not in kbpg)."""
-    (path,) = [f for f in kdb.sql_files() if f.name.startswith("020-")]
-    text = path.read_text()
-    found = re.search(
-        r"create or replace function kb\._filtered_rows_estimate\(.*?\n\$\$;", text, re.S
-    )
-    assert found is not None and TABLE_PAGES in found.group(0)
-    conn.execute(found.group(0).replace(TABLE_PAGES, PARTITION_PAGES).encode())
-    log("partitioned database: kb._filtered_rows_estimate sizes the table by its partitions' pages")
-
-
-def rows_fix(conn: psycopg.Connection[Any]) -> None:
-    """kb.fuse_rrf declared to return 100 rows, not PostgreSQL's default estimate of 1000 (it
-    returns at most 3 pools): with many partitions that estimate makes kb.search join its fused
-    ids to kb.chunks by hashing a scan of every partition (not in kbpg)."""
-    for (signature,) in rows(
-        conn,
-        "select p.oid::regprocedure::text from pg_proc p"
-        " where p.pronamespace = 'kb'::regnamespace and p.proname = 'fuse_rrf'",
-    ):
-        conn.execute(f"alter function {signature} rows 100")
-    log("partitioned database: kb.fuse_rrf is declared to return 100 rows")

@@ -21,6 +21,10 @@ language plpgsql
 immutable
 parallel safe
 security invoker
+-- at most three pools (of at most 1,000); PostgreSQL's default guess for a set-returning
+-- function, 1,000 rows, made kb.search's join of the fused ids to a partitioned kb.chunks a
+-- scan of every partition (benchmarks/bench_partitioning.py, 39 partitions)
+rows 100
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
@@ -69,6 +73,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
+rows 100  -- the fused list (see kb.fuse_rrf)
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
