@@ -112,7 +112,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--chunks", type=int, default=200_000)
     parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--batch-size", type=int, default=256, help="kbpg ingest --batch-size")
+    parser.add_argument("--batch-size", type=int, help="kbpg ingest --batch-size (its default)")
     parser.add_argument(
         "--records",
         type=Path,
@@ -144,7 +144,8 @@ def main() -> None:
         kbpg = str(Path(sys.executable).parent / "kbpg")
         started = time.perf_counter()
         proc = subprocess.Popen(
-            [kbpg, "ingest", str(records), "--json", "--batch-size", str(args.batch_size)],
+            [kbpg, "ingest", str(records), "--json"]
+            + (["--batch-size", str(args.batch_size)] if args.batch_size else []),
             env=env,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -545,3 +545,11 @@ def test_every_writer_takes_lock_wait(db_url: str, tmp_path: Path, cli_env: dict
     )
     assert deleted.returncode == 0, deleted.stderr
     assert rows(db_url, "select count(*) from kb.documents") == [(0,)]
+
+
+def test_the_cli_batch_size_default_is_the_librarys() -> None:
+    from kbpg.batching import BATCH_DOCUMENTS
+    from kbpg.cli.library import ingest
+
+    defaults = [p.default for p in ingest.params if p.name == "batch_size"]
+    assert defaults == [BATCH_DOCUMENTS] == [1024]
