@@ -20,6 +20,32 @@ _GRACE_S = 10.0
 SWITCH_S = 0.0002
 
 
+class _SwitchInterval:
+    """The lowered interval, held while any Ahead runs (ingests on several threads of one process
+    included): lowered by the first to enter, restored by the last to leave."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._holders = 0
+        self._saved = 0.0
+
+    def acquire(self) -> None:
+        with self._lock:
+            if self._holders == 0:
+                self._saved = sys.getswitchinterval()
+                sys.setswitchinterval(min(self._saved, SWITCH_S))
+            self._holders += 1
+
+    def release(self) -> None:
+        with self._lock:
+            self._holders -= 1
+            if self._holders == 0:
+                sys.setswitchinterval(self._saved)
+
+
+_SWITCH = _SwitchInterval()
+
+
 class _Done:
     pass
 
@@ -45,7 +71,6 @@ class Ahead(Generic[T]):
         self._queue: queue.Queue[T | _Done | _Raised] = queue.Queue(maxsize=depth)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._produce, name=name, daemon=True)
-        self._switch_s = sys.getswitchinterval()  # restored on leaving
 
     def _put(self, item: T | _Done | _Raised) -> bool:
         """Hand over an item; False when the consumer has gone."""
@@ -71,8 +96,7 @@ class Ahead(Generic[T]):
                 close()
 
     def __enter__(self) -> Ahead[T]:
-        self._switch_s = sys.getswitchinterval()
-        sys.setswitchinterval(min(self._switch_s, SWITCH_S))
+        _SWITCH.acquire()
         self._thread.start()
         return self
 
@@ -90,4 +114,4 @@ class Ahead(Generic[T]):
         try:
             self._thread.join(timeout=None if exc_type is None else _GRACE_S)
         finally:
-            sys.setswitchinterval(self._switch_s)
+            _SWITCH.release()

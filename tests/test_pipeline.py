@@ -108,3 +108,16 @@ def test_the_switch_interval_is_lowered_while_working_ahead_then_restored() -> N
     with pytest.raises(ValueError, match="bad item 2"), Ahead(source()) as failing:
         list(failing)
     assert sys.getswitchinterval() == before
+
+
+def test_overlapping_aheads_restore_the_interval_once_the_last_leaves() -> None:
+    before = sys.getswitchinterval()
+    lowered = pytest.approx(min(before, SWITCH_S))
+    first = Ahead(iter([1]))
+    second = Ahead(iter([2]))
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None)
+    assert sys.getswitchinterval() == lowered  # the second still runs
+    second.__exit__(None)
+    assert sys.getswitchinterval() == before
