@@ -40,7 +40,7 @@ as $$
 declare
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', _search_vector.groups, _search_vector.category, _search_vector.labels);
-    -- {q} stands for the query embedding ($4, or e.q when there are several)
+    -- {q} stands for a query embedding: $8 (the only one), e.q (one index scan each) or $4[i]
     exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
     order_sql text;
     candidates integer := _search_vector.match_count;
@@ -50,7 +50,6 @@ declare
     extra @extschema:vector@.vector;
     exact_limit bigint;
     filtered_rows bigint;
-    -- the query embedding ($8), or each one's (e.q) in a scan per embedding
     q text := '$8';
     distance_sql text;
 begin
@@ -117,8 +116,8 @@ begin
         if filtered_rows < exact_limit then
             -- the filtered rows sorted exactly, read once: keep_filtered also returns their
             -- ids (those without an embedding too), which the lexical arm then masks its
-            -- cached sums with instead of reading the same rows again; d: each row's best
-            -- distance to the query embeddings (NULL without an embedding)
+            -- cached sums with instead of reading the same rows again; distance: a row's best
+            -- to the query embeddings (NULL without an embedding)
             distance_sql := case when cardinality(embeddings) = 1
                 then pg_catalog.replace(exact_sql, '{q}', '$8')
                 else 'least(' || (select pg_catalog.string_agg(
