@@ -39,6 +39,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_search import (
     POOL,
     corpus_arguments,
+    database_url,
     load,
     log,
     percentile,
@@ -106,7 +107,7 @@ def main() -> None:
         admin = server.start()
 
         def db_url(name: str) -> str:
-            return admin.rsplit("/", 1)[0] + f"/{name}?" + admin.split("?", 1)[1]
+            return database_url(admin, name)
 
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute("create database bench_off")
