@@ -240,12 +240,21 @@ select (select count(*) from kb.documents),
        (select total_tokens from kb.corpus_stats),
        (select count(*) from kb.lexeme_stats)
 """
+# a partitioned table or index (kind p, I: no storage of its own) counts as the sum of its
+# partitions, which are not listed on their own
 RELATION_SIZES: Final = """
-select c.relname, c.relkind::text, pg_catalog.pg_relation_size(c.oid),
-       pg_catalog.pg_total_relation_size(c.oid)
+select c.relname, case c.relkind when 'p' then 'r' when 'I' then 'i' else c.relkind::text end,
+       coalesce(sum(pg_catalog.pg_relation_size(t.relid)), 0),
+       coalesce(sum(pg_catalog.pg_total_relation_size(t.relid)), 0)
   from pg_catalog.pg_class c
- where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i')
- order by c.relkind desc, c.relname
+ cross join lateral (select c.oid as relid where c.relkind in ('r', 'i')
+                     union all
+                     select p.relid from pg_catalog.pg_partition_tree(c.oid) p
+                      where c.relkind in ('p', 'I') and p.isleaf) t
+ where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i', 'p', 'I')
+   and not c.relispartition
+ group by c.relname, c.relkind
+ order by 2 desc, 1
 """
 RESET_EMBEDDING_SPACE: Final = (
     "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s)"

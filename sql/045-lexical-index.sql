@@ -76,3 +76,51 @@ comment on function kb.refresh_lexical_index(boolean) is
     'Bring the BM25 impact cache (kb.lexical_blocks) up to date: rebuilds the blocks holding '
     'new, updated or deleted chunks, or every block when asked or when the average chunk '
     'length drifted over 5%. Search is exact without it; this keeps it fast. Call after ingest.';
+
+create or replace function kb.recount_bm25_statistics()
+returns table (chunk_count bigint, total_tokens bigint, lexemes bigint, lexemes_corrected bigint,
+               blocks_rebuilt integer)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    chunks_now bigint;
+    tokens_now bigint;
+    corrected bigint;
+begin
+    -- writers wait, so the counts and the rebuilt cache describe one state of kb.chunks
+    lock table kb.chunks in share mode;
+    select count(*), coalesce(sum(c.token_count), 0) into chunks_now, tokens_now from kb.chunks c;
+    update kb.corpus_stats s set chunk_count = chunks_now, total_tokens = tokens_now;
+    -- every lexeme's count set right: wrong, missing and left-behind ones (the count of them)
+    with counted as (
+        select u.lexeme, count(*)::integer as doc_freq
+          from kb.chunks c
+         cross join lateral pg_catalog.unnest(pg_catalog.tsvector_to_array(c.tsv)) as u(lexeme)
+         group by u.lexeme
+    ), left_behind as (
+        delete from kb.lexeme_stats s
+         where not exists (select 1 from counted t where t.lexeme = s.lexeme)
+        returning 1
+    ), set_right as (
+        insert into kb.lexeme_stats as s (lexeme, doc_freq)
+        select t.lexeme, t.doc_freq from counted t order by t.lexeme
+        on conflict (lexeme) do update set doc_freq = excluded.doc_freq
+         where s.doc_freq is distinct from excluded.doc_freq
+        returning 1
+    )
+    select (select count(*) from left_behind) + (select count(*) from set_right) into corrected;
+    -- whatever the triggers missed (a chunk's text changed, ids reused) may be cached: rebuild
+    return query
+    select chunks_now, tokens_now, (select count(*) from kb.lexeme_stats), corrected, r.blocks_rebuilt
+      from kb.refresh_lexical_index(full_rebuild => true) r;
+end
+$$;
+comment on function kb.recount_bm25_statistics() is
+    'Recount the BM25 statistics (kb.corpus_stats, kb.lexeme_stats) from kb.chunks and rebuild '
+    'the impact cache: the repair after changes the triggers did not see (a partition detached '
+    'or truncated on its own, triggers disabled during a restore or on a logical replica). '
+    'Writers wait while it runs.';

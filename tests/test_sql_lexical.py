@@ -315,6 +315,113 @@ def test_refresh_is_incremental_below_drift(conn):
     assert rebuilt is not None and rebuilt[0] >= 4
 
 
+def zipf_corpus(
+    conn: psycopg.Connection[Any], prefix: str, chunks: int, rng: random.Random, reverse: bool
+) -> list[str]:
+    """`chunks` chunks over 10 documents from a 300-word vocabulary drawn with Zipf weights
+    (reverse: the rare words become the frequent ones); the vocabulary, most frequent first."""
+    vocab = zipf_vocabulary(300, random.Random(3))
+    weights = [1 / (r + 1) for r in range(len(vocab))]
+    if reverse:
+        vocab = vocab[::-1]
+    docs = [add_doc(conn, f"{prefix}{i}") for i in range(10)]
+    for i in range(chunks):
+        add_chunk(conn, docs[i % 10], random_text(vocab, weights, rng, 8, 40))
+    return vocab
+
+
+def bm25_statistics(conn: psycopg.Connection[Any]) -> tuple[Any, dict[str, int]]:
+    corpus = conn.execute("select chunk_count, total_tokens from kb.corpus_stats").fetchone()
+    lexemes = dict(conn.execute("select lexeme, doc_freq from kb.lexeme_stats").fetchall())
+    return corpus, lexemes
+
+
+def counted_statistics(conn: psycopg.Connection[Any]) -> tuple[Any, dict[str, int]]:
+    """What kb.corpus_stats and kb.lexeme_stats should hold, counted from the chunks."""
+    rows = conn.execute("select token_count, tsvector_to_array(tsv) from kb.chunks").fetchall()
+    doc_freq: dict[str, int] = defaultdict(int)
+    for _, lexemes in rows:
+        for lexeme in lexemes:
+            doc_freq[lexeme] += 1
+    return (len(rows), sum(t for t, _ in rows)), dict(doc_freq)
+
+
+def lexeme(conn: psycopg.Connection[Any], word: str) -> str:
+    row = conn.execute("select tsvector_to_array(to_tsvector('english', %s))", (word,)).fetchone()
+    assert row is not None and len(row[0]) == 1
+    return str(row[0][0])
+
+
+def test_truncate_resets_the_statistics_and_the_cache(conn):
+    rng = random.Random(11)
+    zipf_corpus(conn, "old", 800, rng, reverse=False)
+    conn.execute("update kb.lexical_state set block_size = 100")
+    conn.execute("select kb.refresh_lexical_index()")
+    conn.execute("truncate kb.documents, kb.chunks restart identity cascade")
+    assert bm25_statistics(conn) == ((0, 0), {})
+    state = conn.execute(
+        "select watermark, (select count(*) from kb.lexical_blocks) from kb.lexical_state"
+    ).fetchone()
+    assert state == (0, 0)
+    # the new chunks take ids 1.. again, which the old cache covered, with other frequent words
+    vocab = zipf_corpus(conn, "new", 400, rng, reverse=True)
+    assert conn.execute("select min(id) from kb.chunks").fetchone() == (1,)
+    assert bm25_statistics(conn) == counted_statistics(conn)
+    queries = [vocab[0], f"{vocab[1]} {vocab[2]}", f"{vocab[0]} {vocab[150]} {vocab[-3]}"]
+    assert_matches_reference(conn, queries)
+    conn.execute("select kb.refresh_lexical_index()")
+    assert_matches_reference(conn, queries)
+
+
+def test_recount_repairs_what_the_triggers_did_not_see(conn):
+    rng = random.Random(12)
+    vocab = zipf_corpus(conn, "r", 600, rng, reverse=False)
+    conn.execute("update kb.lexical_state set block_size = 100")
+    conn.execute("select kb.refresh_lexical_index()")
+    # the most frequent word, which the cache serves (a rare one is read from GIN: always exact)
+    frequent = vocab[0]
+    # a chunk's text changed with kb's triggers off (a restore, a logical replica): the cache
+    # does not know, and the search misses the chunk
+    victim = conn.execute(
+        "select min(id) from kb.chunks where not tsv @@ to_tsquery('english', %s)", (frequent,)
+    ).fetchone()
+    assert victim is not None and victim[0] is not None
+    conn.execute("alter table kb.chunks disable trigger chunks_stats_update")
+    conn.execute("alter table kb.chunks disable trigger chunks_lexical_update")
+    conn.execute(
+        "update kb.chunks set content = %s where id = %s", (" ".join([frequent] * 12), victim[0])
+    )
+    conn.execute("alter table kb.chunks enable trigger chunks_stats_update")
+    conn.execute("alter table kb.chunks enable trigger chunks_lexical_update")
+    force_cache_path(conn, True)
+    assert lexical(conn, frequent, 1)[0][1] != victim[0]  # its new text is not in the cache
+    # and the statistics off in every way: counts, a lexeme missing, three miscounted, one left
+    # behind
+    missing, *miscounted = (lexeme(conn, word) for word in vocab[5:2:-1] + vocab[:1])
+    conn.execute("update kb.corpus_stats set chunk_count = chunk_count + 500")
+    conn.execute("delete from kb.lexeme_stats where lexeme = %s", (missing,))
+    conn.execute(
+        "update kb.lexeme_stats set doc_freq = doc_freq + 7 where lexeme = any(%s)", (miscounted,)
+    )
+    conn.execute("insert into kb.lexeme_stats values ('zzzgone', 5)")
+    truth = counted_statistics(conn)
+    damaged = bm25_statistics(conn)
+    wrong = {w for w in truth[1].keys() | damaged[1].keys() if truth[1].get(w) != damaged[1].get(w)}
+    assert {missing, *miscounted, "zzzgone", lexeme(conn, frequent)} <= wrong
+
+    row = conn.execute("select * from kb.recount_bm25_statistics()").fetchone()
+    assert row is not None
+    assert row[:4] == (*truth[0], len(truth[1]), len(wrong))
+    assert row[4] >= 6  # every block rebuilt
+    assert bm25_statistics(conn) == truth
+    assert_matches_reference(conn, [frequent, vocab[-1], f"{vocab[1]} {vocab[5]} {vocab[40]}"])
+    force_cache_path(conn, True)
+    assert lexical(conn, frequent, 1)[0][1] == victim[0]
+    # a second recount finds nothing to correct
+    again = conn.execute("select lexemes_corrected from kb.recount_bm25_statistics()").fetchone()
+    assert again == (0,)
+
+
 # What revision 0008's generated columns computed; revision 0009's trigger must agree.
 TEXT_0008 = (
     "setweight(to_tsvector('english', section), 'A')"

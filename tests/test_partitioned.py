@@ -1,0 +1,64 @@
+"""kbpg on a kb.chunks partitioned by tenant, built as docs/scaling.md section 4 describes
+(benchmarks/partitioned_chunks.py): `kbpg stats` and the BM25 statistics after a detach."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from kbpg import db as kdb
+from tests.helpers import run_kbpg
+from tests.sqldata import add_chunk, add_doc
+from tests.test_sql_lexical import bm25_statistics, counted_statistics
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from partitioned_chunks import partition_chunks
+
+TENANTS = ["t00", "t01"]
+
+
+def partitioned(db_url: str) -> psycopg.Connection[Any]:
+    """A knowledge base whose kb.chunks is partitioned by category, two tenants of 3 chunks."""
+    conn = kdb.connect(db_url)
+    partition_chunks(conn, db_url, TENANTS, build=False)
+    for tenant in TENANTS:
+        doc = add_doc(conn, f"{tenant}-doc", category=tenant, groups=[tenant])
+        for text in ("solar wind and the ionosphere", "radio waves", f"{tenant} only words"):
+            add_chunk(conn, doc, text)
+    conn.commit()
+    return conn
+
+
+def test_stats_counts_a_partitioned_table_as_one(db_url, cli_env):
+    with partitioned(db_url) as conn:
+        sizes = dict(
+            conn.execute(
+                "select 'chunks', sum(pg_total_relation_size(relid))"
+                " from pg_partition_tree('kb.chunks') where isleaf"
+            ).fetchall()
+        )
+    result = run_kbpg("stats", "--json", env=cli_env)
+    assert result.returncode == 0, result.stderr
+    stats = json.loads(result.stdout)
+    assert stats["chunks"] == 6
+    assert stats["tables"]["chunks"] == sizes["chunks"] > 0
+    assert not any(name.startswith("chunks_t0") for name in stats["tables"])
+    assert stats["indexes"]["chunks_pkey"] > 0
+    assert not any(name.startswith("chunks_t0") for name in stats["indexes"])
+
+
+def test_recount_repairs_the_statistics_after_a_detach(db_url):
+    with partitioned(db_url) as conn:
+        before = counted_statistics(conn)
+        assert bm25_statistics(conn) == before
+        conn.execute("alter table kb.chunks detach partition kb.chunks_t01")
+        # a detach fires no delete trigger: the statistics still count t01's chunks
+        assert bm25_statistics(conn) == before
+        assert counted_statistics(conn)[0] == (3, before[0][1] // 2)
+        conn.execute("select kb.recount_bm25_statistics()")
+        assert bm25_statistics(conn) == counted_statistics(conn)
+        assert "t01" not in bm25_statistics(conn)[1]
