@@ -34,12 +34,18 @@ class IndexProgress:
     tuples_done: int
     tuples_total: int
     elapsed_s: float
+    # a partitioned kb.chunks: one index per partition, built one after the other
+    partitions_done: int = 0
+    partitions_total: int = 0
 
     def describe(self) -> str:
         done = f"{self.tuples_done:,}"
         if self.tuples_total:
             share = min(100.0, 100.0 * self.tuples_done / self.tuples_total)
             done += f"/{self.tuples_total:,} ({share:.0f}%)"
+        if self.partitions_total:
+            building = min(self.partitions_done + 1, self.partitions_total)
+            done = f"partition {building} of {self.partitions_total}, {done}"
         return f"building the {self.layout} index: {self.phase} {done}, {self.elapsed_s:.0f} s"
 
 
@@ -108,13 +114,19 @@ class _Poller(threading.Thread):
                 while not self.stop.wait(POLL_S):
                     row = conn.execute(queries.INDEX_PROGRESS, (self.pid,)).fetchone()
                     if row is not None:
+                        phase, done, total, partitions_done, partitions_total = row
+                        # the table's chunk count stands in for an unreported total, except
+                        # with partitions, whose counts start again with each partition
+                        fallback = 0 if partitions_total else self.total
                         self.callback(
                             IndexProgress(
                                 self.layout,
-                                str(row[0]),
-                                int(row[1] or 0),
-                                int(row[2] or 0) or self.total,
+                                str(phase),
+                                int(done or 0),
+                                int(total or 0) or fallback,
                                 time.perf_counter() - self.started,
+                                int(partitions_done or 0),
+                                int(partitions_total or 0),
                             )
                         )
         except psycopg.Error:

@@ -324,7 +324,7 @@ select e.layout, e.dimension, s.chunk_count,
   from kb.embedding_space e, kb.corpus_stats s
 """
 INDEX_PROGRESS: Final = (
-    "select phase, tuples_done, tuples_total"
+    "select phase, tuples_done, tuples_total, partitions_done, partitions_total"
     " from pg_catalog.pg_stat_progress_create_index where pid = %s"
 )
 SPACE_LAYOUT_AND_CHUNKS: Final = (

@@ -1,16 +1,20 @@
 """kbpg on a kb.chunks partitioned by tenant, built as docs/scaling.md section 4 describes
-(benchmarks/partitioned_chunks.py): `kbpg stats` and the BM25 statistics after a detach."""
+(benchmarks/partitioned_chunks.py): `kbpg stats`, the BM25 statistics after a detach, and the
+vector index build's progress."""
 
 from __future__ import annotations
 
 import json
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psycopg
 
 from kbpg import db as kdb
+from kbpg import indexing
 from tests.helpers import run_kbpg
 from tests.sqldata import add_chunk, add_doc
 from tests.test_sql_lexical import bm25_statistics, counted_statistics
@@ -62,3 +66,30 @@ def test_recount_repairs_the_statistics_after_a_detach(db_url):
         conn.execute("select kb.recount_bm25_statistics()")
         assert bm25_statistics(conn) == counted_statistics(conn)
         assert "t01" not in bm25_statistics(conn)[1]
+
+
+def test_index_progress_counts_partitions(db_url, monkeypatch):
+    monkeypatch.setattr(indexing, "POLL_S", 0.2)
+    rng = np.random.default_rng(5)
+    with kdb.connect(db_url) as conn:
+        conn.execute("select kb.set_embedding_space('m', 256, 'vector')")
+        conn.commit()
+        partition_chunks(conn, db_url, TENANTS, build=False)
+        for tenant in TENANTS:
+            doc = add_doc(conn, f"{tenant}-doc", category=tenant)
+            with conn.cursor().copy(
+                "copy kb.chunks (document_id, ordinal, content, category, embedding) from stdin"
+            ) as copy:
+                for i, v in enumerate(rng.normal(size=(3000, 256))):
+                    copy.write_row((doc, i, "c", tenant, "[" + ",".join(map(str, v)) + "]"))
+        conn.commit()
+        conn.autocommit = True
+        events: list[indexing.IndexProgress] = []
+        layout, _ = indexing.set_layout(conn, db_url, "halfvec", events.append)
+        assert layout == "halfvec"
+    building = [e for e in events if e.partitions_total]
+    assert building, "no progress seen during the build"
+    assert {e.partitions_total for e in building} == {2}
+    # a partition's count is not shown against the whole table's 6,000 chunks
+    assert all(e.tuples_total in (0, 3000) and e.tuples_done <= 3000 for e in building)
+    assert re.search(r": .* partition [12] of 2, [0-9,]+", building[-1].describe())
