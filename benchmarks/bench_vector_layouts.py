@@ -12,6 +12,7 @@ in turn, in one run on the same data and queries:
 
     python benchmarks/bench_vector_layouts.py --chunks 20000     # quick look (~2 min)
     python benchmarks/bench_vector_layouts.py --chunks 200000    # ~10 min on 2 cores
+    python benchmarks/bench_vector_layouts.py --chunks 1000000 --shared-buffers 6GB  # ~1 h
     python benchmarks/bench_vector_layouts.py --chunks 50000 --layouts vector,halfvec --interleave
 """
 
@@ -21,6 +22,7 @@ import argparse
 import resource
 import shutil
 import statistics
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -29,6 +31,9 @@ from typing import Any
 import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_search import database_url, restart_for_shared_buffers
 
 from kbpg import db as kdb
 from kbpg.indexing import build_settings, set_layout
@@ -151,6 +156,11 @@ def main() -> None:
     parser.add_argument("--layouts", default="vector,halfvec,binary")
     parser.add_argument("--factors", default="4,8,16", help="binary re-rank factors to measure")
     parser.add_argument(
+        "--shared-buffers",
+        help="the server's shared_buffers (e.g. 6GB; default: the embedded server's own, at most"
+        " 2 GB, less than a 1M-chunk `vector` index)",
+    )
+    parser.add_argument(
         "--interleave",
         action="store_true",
         help="also time the layouts query by query, all indexes present (fair on a busy machine)",
@@ -170,7 +180,10 @@ def main() -> None:
     results: list[dict[str, Any]] = []
     try:
         admin = server.start()
-        url = admin.rsplit("/", 1)[0] + "/bench?" + admin.split("?", 1)[1]
+        if restart_for_shared_buffers(admin, args.shared_buffers):
+            server.stop()
+            admin = server.start()
+        url = database_url(admin, "bench")
         with psycopg.connect(admin, autocommit=True) as c:
             c.execute("create database bench")
         kdb.upgrade(url)
