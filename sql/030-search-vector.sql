@@ -10,8 +10,9 @@
 -- The index scan orders by the expression of the space's layout (kb.embedding_space.layout, see
 -- sql/010): the vectors themselves, their halfvec cast, or their binary quantization; its
 -- candidates are then ranked by exact cosine distance on the full vectors. The binary layout
--- over-fetches (kb.vector_rerank_factor x the pool, default 8) since Hamming distance on 1 bit
--- a dimension is a coarse guide.
+-- over-fetches (kb.vector_rerank_factor x the pool, default 16) since Hamming distance on 1 bit
+-- a dimension is a coarse guide (recall@32 at 200k chunks of 4,096-d: .935 at 8x, 1.000 at 16x;
+-- docs/scaling.md section 1).
 
 create or replace function kb._search_vector(
     query_embedding @extschema:vector@.vector,
@@ -93,7 +94,7 @@ begin
         else exact_sql end;
     if space_layout = 'binary' then
         candidates := _search_vector.match_count * coalesce(
-            nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 8);
+            nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 16);
     end if;
     perform pg_catalog.set_config('hnsw.ef_search',
         least(1000, greatest(40, 8 * _search_vector.match_count, candidates))::text, true);
