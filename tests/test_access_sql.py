@@ -283,6 +283,32 @@ def test_writer_sees_every_group_and_can_ingest(enforced: AccessKb) -> None:
         ).fetchone() == (0,)
 
 
+def test_recount_counts_every_chunk_for_a_writer_and_refuses_readers(enforced: AccessKb) -> None:
+    akb = enforced
+    with akb.connect("owner") as conn:
+        conn.execute("update kb.corpus_stats set chunk_count = 1, total_tokens = 1")
+        truth = conn.execute("select count(*), sum(token_count) from kb.chunks").fetchone()
+    with akb.connect("alice") as conn:
+        assert_sqlstate(conn, "select kb.recount_bm25_statistics()", "42501")
+    with akb.connect("walt") as conn:
+        row = conn.execute(
+            "select chunk_count, total_tokens from kb.recount_bm25_statistics()"
+        ).fetchone()
+        assert row == truth
+    with akb.connect("owner") as conn:
+        assert conn.execute("select chunk_count, total_tokens from kb.corpus_stats").fetchone() == (
+            truth
+        )
+        # the cache rebuilt split by visibility class, as access control needs it
+        classes = {
+            tuple(r[0]) for r in conn.execute("select distinct groups from kb.lexical_blocks")
+        }
+        assert len(classes) > 1
+    with akb.connect("alice") as conn:
+        found = set(search_ids(conn, "salary budget parking", None))
+        assert found and found <= akb.visible["alice"]
+
+
 def test_bad_grants_are_refused_clearly(enforced: AccessKb) -> None:
     with enforced.connect("owner") as conn:
         assert_sqlstate(conn, "select kb.grant_groups('no_such_role_kbpg', array['hr'])", "42704")
