@@ -62,6 +62,18 @@ def add_edge(
     )
 
 
+def function_calls(conn: psycopg.Connection[Any], name: str) -> int:
+    """Calls of kb.`name` so far in this transaction (counting them from now on, if not yet)."""
+    conn.execute("set local track_functions = 'pl'")
+    row = conn.execute(
+        "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
+        " where schemaname = 'kb' and funcname = %s",
+        (name,),
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
 def ids(rows: Sequence[Sequence[Any]], column: int = 1) -> list[int]:
     return [int(r[column]) for r in rows]
 

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.sqldata import add_chunk, add_doc, ids
+from tests.sqldata import add_chunk, add_doc, function_calls, ids
 
 K1, B = 1.2, 0.75
 
@@ -222,22 +222,12 @@ def rescoring_rounds(
 ) -> int:
     """How many times one filtered search rescored candidates (calls of kb._bm25_rank);
     given_ids: called as kb.search calls it, with the filtered chunks' ids."""
-    conn.execute("set local track_functions = 'pl'")
-
-    def calls() -> int:
-        row = conn.execute(
-            "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
-            " where schemaname = 'kb' and funcname = '_bm25_rank'"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    before = calls()
+    before = function_calls(conn, "_bm25_rank")
     if given_ids:
         lexical_given_filtered_ids(conn, query, 10, filters["groups"])
     else:
         lexical(conn, query, 10, **filters)
-    return calls() - before
+    return function_calls(conn, "_bm25_rank") - before
 
 
 def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
@@ -346,18 +336,6 @@ def counted_statistics(conn: psycopg.Connection[Any]) -> tuple[Any, dict[str, in
     return (len(rows), sum(t for t, _ in rows)), dict(doc_freq)
 
 
-def exact_scorings(conn: psycopg.Connection[Any]) -> int:
-    """Calls of kb._bm25_rank so far in this transaction: the exhaustive path (and the
-    rescoring under filters) calls it, the cache path without filters does not."""
-    conn.execute("set local track_functions = 'pl'")
-    row = conn.execute(
-        "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
-        " where schemaname = 'kb' and funcname = '_bm25_rank'"
-    ).fetchone()
-    assert row is not None
-    return int(row[0])
-
-
 def test_the_cache_serves_a_knowledge_base_whose_ids_grew_by_reingests(conn):
     """Each re-ingest of a changed document gives its chunks new ids: after long use the ids
     span far more blocks than hold chunks. Whether the cache or exact scoring from the tsvector
@@ -368,9 +346,11 @@ def test_the_cache_serves_a_knowledge_base_whose_ids_grew_by_reingests(conn):
     vocab = zipf_corpus(conn, "churn", 600, random.Random(13), reverse=False)
     conn.execute("update kb.lexical_state set block_size = 200")
     conn.execute("select kb.refresh_lexical_index()")
-    before = exact_scorings(conn)
+    # the exhaustive path (and the rescoring under filters) calls kb._bm25_rank, the cache
+    # path without filters does not
+    before = function_calls(conn, "_bm25_rank")
     rows = lexical(conn, vocab[0], 10)  # in ~97% of the chunks
-    assert exact_scorings(conn) == before  # summed from the cache
+    assert function_calls(conn, "_bm25_rank") == before  # summed from the cache
     assert [r[1] for r in rows] == [cid for cid, _ in reference_top(conn, vocab[0], 10)]
 
 

@@ -7,7 +7,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.sqldata import add_chunk, add_doc, add_edge, raises_sqlstate, vec
+from tests.sqldata import add_chunk, add_doc, add_edge, function_calls, raises_sqlstate, vec
 
 COLUMNS = [
     "rank",
@@ -111,19 +111,9 @@ def test_a_selective_filter_is_read_once_for_both_arms(conn, kb):
     # of the filter (the vector arm's) instead of one per arm, and the same lexical ranking
     conn.execute("select kb.refresh_lexical_index()")
     conn.execute("select set_config('kb.lexical_exhaustive_limit', '0', true)")
-    conn.execute("set local track_functions = 'pl'")
-
-    def estimates() -> int:
-        row = conn.execute(
-            "select coalesce(sum(calls), 0) from pg_stat_xact_user_functions"
-            " where schemaname = 'kb' and funcname = '_filtered_rows_estimate'"
-        ).fetchone()
-        assert row is not None
-        return int(row[0])
-
-    before = estimates()
+    before = function_calls(conn, "_filtered_rows_estimate")
     rows = search(conn, "permit renewal office", [0, 1, 0], groups=["team"], rerank_pool=10)
-    assert estimates() - before == 1
+    assert function_calls(conn, "_filtered_rows_estimate") - before == 1
     lexical = conn.execute(
         "select chunk_id from kb.search_lexical('permit renewal office', 10, groups => '{team}')"
     ).fetchall()
