@@ -116,9 +116,13 @@ COPY_CHUNKS: Final = (
 CHUNK_TYPES: Final = [
     "int8", "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
 ]  # fmt: skip
-COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
-COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
-COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
+COPY_EDGES: Final = (
+    "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id) from stdin"
+)
+COPY_LINKS: Final = (
+    "copy kb.chunk_links (chunk_id, target_source, fragment, document_id) from stdin"
+)
+COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id, document_id) from stdin"
 REFRESH_LEXICAL_INDEX: Final = "select * from kb.refresh_lexical_index()"
 # COPY FROM is refused on a table whose row-level security applies to the role (kbpg access
 # enable; a writer role is subject to it, its policy admits every row): copy into a temporary
@@ -159,7 +163,8 @@ with link_edges as (
                (select c.id from kb.chunks c where c.document_id = d.id
                  order by c.ordinal limit 1)) as dst,
            'link'::text as relation,
-           %(link_weight)s::real as weight
+           %(link_weight)s::real as weight,
+           l.document_id
       from kb.chunk_links l
       join kb.documents d on d.source = l.target_source
 ), first_mention as (
@@ -171,12 +176,13 @@ with link_edges as (
       from first_mention
 ), entity_edges as (
     select least(a.id, b.id) as src, greatest(a.id, b.id) as dst, 'entity'::text as relation,
-           max(2.0 / a.df)::real as weight
+           max(2.0 / a.df)::real as weight,
+           min(case when a.id < b.id then a.document_id else b.document_id end) as document_id
       from rare a join rare b on a.entity = b.entity and a.document_id < b.document_id
      where a.df between 2 and %(max_docs)s
      group by 1, 2
 ), desired as (
-    select src, dst, relation, max(weight) as weight
+    select src, dst, relation, max(weight) as weight, min(document_id) as document_id
       from (select * from link_edges union all select * from entity_edges) x
      where dst is not null and src <> dst
      group by src, dst, relation
@@ -193,8 +199,8 @@ with link_edges as (
        and e.weight <> d.weight
     returning 1
 ), added as (
-    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)
-    select d.src, d.dst, d.relation, d.weight from desired d
+    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
+    select d.src, d.dst, d.relation, d.weight, d.document_id from desired d
      where not exists (select 1 from kb.edges e where e.src_chunk_id = d.src
                           and e.dst_chunk_id = d.dst and e.relation = d.relation)
     returning 1
@@ -202,6 +208,13 @@ with link_edges as (
 select (select count(*) from added), (select count(*) from removed),
        (select count(*) from reweighted)
 """
+
+# On a distributed knowledge base (kbpg db distribute) the same edges, worked out shard by shard.
+REFRESH_EDGES_DISTRIBUTED: Final = (
+    "select added, removed from kb._refresh_derived_edges("
+    "link_weight => %(link_weight)s::real, max_docs => %(max_docs)s::integer)"
+)
+DISTRIBUTED: Final = "select kb._distributed()"
 
 # -- maintenance ------------------------------------------------------------------------------
 

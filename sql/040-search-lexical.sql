@@ -261,28 +261,56 @@ declare
     -- terms and small queries go through the impact cache too, whose rows are split by
     -- visibility class, so its sums hold only the chunks this role may read
     rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    -- the distributed layout (Citus, sql/015): statistics summed over the shards in one
+    -- statement, and the chunks the cache does not cover read with the candidates
+    distributed constant boolean := kb._distributed();
+    stats record;
 begin
     perform kb._check_match_count(_search_lexical.match_count);
     select * into qt from kb._query_terms(_search_lexical.query_text);
-    select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
-      into n_chunks, avgdl from kb.corpus_stats s;
-    -- the cost bound: of the query's lexemes the corpus holds, the 64 rarest are scored
-    select array_agg(l.lexeme order by l.lexeme),
-           array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
-                     order by l.lexeme),
-           array_agg(l.doc_freq order by l.lexeme),
-           sum(l.doc_freq)
-      into terms, idfs, dfs, df_total
-      from (select s.lexeme, s.doc_freq from kb.lexeme_stats s
-             where s.lexeme = any (qt.terms) and s.doc_freq > 0
-             order by s.doc_freq, s.lexeme limit 64) l;
+    if distributed then
+        -- Citus plans no generic plan of a statement over distributed tables ("could not
+        -- create distributed plan"): these statements are planned with their values
+        perform pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
+        stats := kb._bm25_statistics_distributed(qt.terms || qt.excluded);
+        n_chunks := stats.chunk_count;
+        avgdl := stats.total_tokens::float8 / greatest(stats.chunk_count, 1);
+        select array_agg(l.lexeme order by l.lexeme),
+               array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
+                         order by l.lexeme),
+               array_agg(l.doc_freq order by l.lexeme),
+               sum(l.doc_freq)
+          into terms, idfs, dfs, df_total
+          from (select u.lexeme, u.doc_freq
+                  from unnest(stats.found_lexemes, stats.doc_freqs) as u(lexeme, doc_freq)
+                 where u.lexeme = any (qt.terms)
+                 order by u.doc_freq, u.lexeme limit 64) l;
+    else
+        select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
+          into n_chunks, avgdl from kb.corpus_stats s;
+        -- the cost bound: of the query's lexemes the corpus holds, the 64 rarest are scored
+        select array_agg(l.lexeme order by l.lexeme),
+               array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
+                         order by l.lexeme),
+               array_agg(l.doc_freq order by l.lexeme),
+               sum(l.doc_freq)
+          into terms, idfs, dfs, df_total
+          from (select s.lexeme, s.doc_freq from kb.lexeme_stats s
+                 where s.lexeme = any (qt.terms) and s.doc_freq > 0
+                 order by s.doc_freq, s.lexeme limit 64) l;
+    end if;
     if terms is null then
         return;
     end if;
     if cardinality(qt.excluded) > 64 then
         -- words the corpus lacks exclude nothing
-        qt.excluded := array(select s.lexeme from kb.lexeme_stats s
-                              where s.lexeme = any (qt.excluded) and s.doc_freq > 0 order by 1);
+        if distributed then
+            qt.excluded := array(select u from unnest(stats.found_lexemes) as u
+                                  where u = any (qt.excluded) order by 1);
+        else
+            qt.excluded := array(select s.lexeme from kb.lexeme_stats s
+                                  where s.lexeme = any (qt.excluded) and s.doc_freq > 0 order by 1);
+        end if;
         if cardinality(qt.excluded) > 64 then
             raise exception 'the query excludes % words, over the limit of 64', cardinality(qt.excluded)
                 using errcode = 'KB003', hint = 'exclude at most 64 words with "-word"';
@@ -291,6 +319,11 @@ begin
     excluded := kb._lexemes_tsquery(qt.excluded);
     all_terms := kb._lexemes_tsquery(terms);
     select * into state from kb.lexical_state;
+    if distributed and stats.reset_at >= coalesce(state.refreshed_at, '-infinity') then
+        -- kb.chunks was truncated since the cache was built (a shard cannot reset the cache on
+        -- the coordinator): ids may restart below its watermark, so it is not used until a refresh
+        state.watermark := 0;
+    end if;
     -- the blocks the sums would read: every block up to the watermark while the ids are dense;
     -- they need not be (a re-ingested document's chunks take new ids: 100k chunks re-ingested
     -- 10% a day span ~230 blocks after a year and fill 7, and the id range sent every query
@@ -386,14 +419,18 @@ begin
         -- keep the second query an id range scan, never a GIN scan of every chunk holding a
         -- frequent term)
         extra_ids := '{}';
-        if exists (select 1 from kb.chunks c where c.id > state.watermark) then
+        if distributed then
+            null;  -- read with the candidates (kb._bm25_rank_distributed, uncached_since)
+        elsif exists (select 1 from kb.chunks c where c.id > state.watermark) then
             select coalesce(array_agg(c.id), '{}') into extra_ids
               from kb.chunks c
              where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
                and coalesce(c.tsv @@ all_terms, false);
         end if;
-        select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
-          from kb.lexical_pending p;
+        if not distributed then
+            select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
+              from kb.lexical_pending p;
+        end if;
 
         -- rare terms: reading all their chunks is cheaper than summing their blocks, so those
         -- chunks become candidates and the terms leave the sums (an unread chunk has none);
@@ -407,7 +444,7 @@ begin
                       from unnest(terms, dfs) as u(lexeme, df)) x
              where x.running <= 4 * cached_blocks;
         end if;
-        if cardinality(rare_terms) > 0 then
+        if cardinality(rare_terms) > 0 and not distributed then
             select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
               from kb.chunks c
              where c.tsv @@ kb._lexemes_tsquery(rare_terms);
@@ -500,6 +537,17 @@ begin
 
             -- exact BM25 of the candidates: without filters as static SQL (its plan is cached;
             -- EXECUTE in kb._bm25_rank plans anew), with them through kb._bm25_rank
+            if distributed then
+                -- one statement (a task per shard) for the candidates and the uncovered chunks
+                select array_agg(r.chunk_id order by r.rank), array_agg(r.document_id order by r.rank),
+                       array_agg(r.score order by r.rank)
+                  into ranked_ids, ranked_docs, ranked_scores
+                  from kb._bm25_rank_distributed(terms, idfs, avgdl, excluded, candidate_ids,
+                                                 _search_lexical.match_count, _search_lexical.groups,
+                                                 _search_lexical.category, _search_lexical.labels,
+                                                 uncached_since => state.watermark,
+                                                 rare => kb._lexemes_tsquery(rare_terms)) r;
+            else
             select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
                    array_agg(b.document_id order by b.score desc, b.chunk_id),
                    array_agg(b.score order by b.score desc, b.chunk_id)
@@ -519,6 +567,7 @@ begin
                                          _search_lexical.match_count, _search_lexical.groups,
                                          _search_lexical.category, _search_lexical.labels) r
                      where filter_sql <> 'true') b;
+            end if;
 
             -- exact once the k-th score beats every chunk left below theta (float32 slack)
             exit when theta = 0
@@ -538,6 +587,14 @@ begin
         end loop;
     end if;
 
+    if exhaustive and distributed then
+        return query select * from kb._bm25_rank_distributed(
+                                       terms, idfs, avgdl, excluded, null,
+                                       _search_lexical.match_count, _search_lexical.groups,
+                                       _search_lexical.category, _search_lexical.labels,
+                                       filter_first => filter_first);
+        return;
+    end if;
     if exhaustive then
         return query select * from kb._bm25_rank(terms, idfs, avgdl, excluded, null,
                                                  _search_lexical.match_count, _search_lexical.groups,

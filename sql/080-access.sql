@@ -20,8 +20,12 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
-             'kb.lexical_blocks'::regclass];
+-- a string body, here and below: a SQL-standard one would make the function depend on the
+-- tables it names, which Citus cannot distribute then (migration 0014)
+as $$
+select array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
+             'kb.lexical_blocks'::regclass]
+$$;
 comment on function kb._access_tables() is
     'The tables a reader can reach that hold per-chunk data: row-level security goes on and off '
     'on all of them together.';
@@ -32,7 +36,7 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return (select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass);
+as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass $$;
 comment on function kb._access_enforced() is
     'True while row-level security is on for kb.chunks (kb.access_enable()).';
 
@@ -172,12 +176,12 @@ language sql
 volatile
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
+as $$
     delete from kb.access_grants a
      where a.role = revoke_groups.role_name
        and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
-    returning a.role, a.group_name;
-end;
+    returning a.role, a.group_name
+$$;
 comment on function kb.revoke_groups(text, text[]) is
     'Take groups (all of them when groups is NULL) away from a role; returns what was revoked. '
     'Takes effect on the next query.';
@@ -188,12 +192,12 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
+as $$
     select a.role, a.group_name, a.granted_at
       from kb.access_grants a
      where list_grants.role_name is null or a.role = list_grants.role_name
-     order by a.role, a.group_name;
-end;
+     order by a.role, a.group_name
+$$;
 comment on function kb.list_grants(text) is
     'The group grants (a reader sees its own; the owner sees all), optionally for one role.';
 
@@ -212,7 +216,7 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
+as $$
     select kb._access_enforced(),
            (select pg_catalog.count(*) filter (where c.relrowsecurity)::integer
               from pg_catalog.pg_class c where c.oid = any (kb._access_tables())),
@@ -222,8 +226,8 @@ begin atomic
            (select coalesce(pg_catalog.array_agg(g order by g), '{}')
               from pg_catalog.unnest(kb._access_visible_groups()) as g),
            kb._access_reads_all()
-      from kb.access_settings s;
-end;
+      from kb.access_settings s
+$$;
 comment on function kb.access_status() is
     'Whether access control is enforced (and on how many of its tables), the reader and writer '
     'roles, whether the lexical cache is split by groups, and what the current role may read.';
