@@ -146,13 +146,13 @@ begin
     drop trigger chunks_truncate on kb.chunks;
     create trigger chunks_shard_insert after insert on kb.chunks
         referencing new table as new_rows
-        for each statement execute function kb._shard_chunks_inserted();
+        for each statement execute function kb._shard_chunks_changed();
     create trigger chunks_shard_delete after delete on kb.chunks
         referencing old table as old_rows
-        for each statement execute function kb._shard_chunks_deleted();
+        for each statement execute function kb._shard_chunks_changed();
     create trigger chunks_shard_update after update on kb.chunks
         referencing old table as old_rows new table as new_rows
-        for each statement execute function kb._shard_chunks_updated();
+        for each statement execute function kb._shard_chunks_changed();
     create trigger chunks_shard_truncate after truncate on kb.chunks
         for each statement execute function kb._shard_chunks_truncated();
 

@@ -269,6 +269,34 @@ select c.relname, case c.relkind when 'p' then 'r' when 'I' then 'i' else c.relk
  group by c.relname, c.relkind
  order by 2 desc, 1
 """
+# The same on a distributed knowledge base (kbpg db distribute): the shell tables on the
+# coordinator are empty, so distributed and reference tables count their shards (every
+# placement: a reference table once per node) and their indexes the shards' indexes.
+RELATION_SIZES_DISTRIBUTED: Final = r"""
+select c.relname, c.relkind::text, s.size, s.total
+  from pg_catalog.pg_class c
+  left join pg_catalog.pg_dist_partition p on p.logicalrelid = c.oid
+ cross join lateral (
+     select case when p.logicalrelid is null then pg_catalog.pg_relation_size(c.oid)
+                 else pg_catalog.citus_relation_size(c.oid) end as size,
+            case when p.logicalrelid is null then pg_catalog.pg_total_relation_size(c.oid)
+                 else pg_catalog.citus_total_relation_size(c.oid) end as total) s
+ where c.relnamespace = 'kb'::regnamespace and c.relkind = 'r'
+union all
+select i.relname, 'i', s.size, s.size
+  from pg_catalog.pg_index x
+  join pg_catalog.pg_class i on i.oid = x.indexrelid
+  left join pg_catalog.pg_dist_partition p on p.logicalrelid = x.indrelid
+ cross join lateral (
+     select case when p.logicalrelid is null then pg_catalog.pg_relation_size(i.oid)
+                 else (select coalesce(pg_catalog.sum(r.result::bigint), 0)
+                         from pg_catalog.run_command_on_shards(p.logicalrelid, pg_catalog.format(
+                              'select pg_catalog.pg_relation_size(''kb.%s_'' || '
+                              'pg_catalog.substring(''%%s'', ''_(\d+)$''))', i.relname)) r
+                        where r.success) end as size) s
+ where i.relnamespace = 'kb'::regnamespace
+ order by 2 desc, 1
+"""
 RESET_EMBEDDING_SPACE: Final = (
     "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s)"
 )

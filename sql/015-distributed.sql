@@ -122,175 +122,113 @@ comment on function kb._shard_anchor(oid) is
     'On a worker: the smallest bigint whose Citus hash falls in the given shard''s range, the '
     'distribution value of that shard''s kb.bm25_shard_stats rows. Internal.';
 
-create or replace function kb._shard_stats_upsert(stats_shard text, deltas text)
-returns text
-language sql
-immutable
-security invoker
-set search_path = pg_catalog, pg_temp
--- the statement runs in the trigger function itself: only there does it see the transition
--- tables (new_rows, old_rows) that `deltas` reads; $1 is the shard's anchor
-as $$
-select pg_catalog.format(
-    'with d as (%1$s), '
-    '  up as (insert into %2$s as s (anchor, lexeme, doc_freq, tokens) '
-    '         select $1, d.lexeme, d.doc_freq, d.tokens from d '
-    '          where d.doc_freq operator(pg_catalog.<>) 0 or d.tokens operator(pg_catalog.<>) 0 '
-    '          order by d.lexeme '
-    '         on conflict (anchor, lexeme) do update '
-    '            set doc_freq = s.doc_freq operator(pg_catalog.+) excluded.doc_freq, '
-    '                tokens = s.tokens operator(pg_catalog.+) excluded.tokens '
-    '         returning s.lexeme, s.doc_freq, s.tokens) '
-    'select pg_catalog.array_agg(up.lexeme) filter (where up.doc_freq operator(pg_catalog.=) 0 '
-    '           and up.tokens operator(pg_catalog.=) 0 and up.lexeme operator(pg_catalog.<>) '''') '
-    '  from up',
-    deltas, stats_shard)
-$$;
-comment on function kb._shard_stats_upsert(text, text) is
-    'The statement that adds BM25 statistics changes (a query of lexeme, doc_freq, tokens) to a '
-    'shard of kb.bm25_shard_stats ($1: its anchor) and returns the lexemes whose count reached '
-    'zero. Internal.';
-
-create or replace function kb._shard_stats_prune(stats_shard text, anchor bigint, zeros text[])
-returns void
+create or replace function kb._shard_chunks_changed() returns trigger
 language plpgsql
 volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    -- the chunks whose text changed (re-embedding and context-key updates change none)
+    changed constant text := 'new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id '
+                             'where o.tsv is distinct from n.tsv';
+    deltas text;
+    stats_shard text;
+    anchor bigint;
+    zeros text[];
+    any_changed boolean;
+    state record;
 begin
+    if tg_op = 'UPDATE' then
+        execute 'select exists (select 1 from ' || changed || ')' into any_changed;
+        if not any_changed then
+            return null;
+        end if;
+    end if;
+    -- (lexeme, doc_freq, tokens) changes; lexeme '' carries the chunk count and total length
+    deltas := case tg_op
+        when 'INSERT' then
+            'select '''' as lexeme, pg_catalog.count(*) as doc_freq, '
+            '       coalesce(pg_catalog.sum(n.token_count), 0) as tokens from new_rows n '
+            'union all '
+            'select l, pg_catalog.count(*), 0 from new_rows n, '
+            '       pg_catalog.unnest(pg_catalog.tsvector_to_array(n.tsv)) as l group by l'
+        when 'DELETE' then
+            'select '''' as lexeme, -pg_catalog.count(*) as doc_freq, '
+            '       -coalesce(pg_catalog.sum(o.token_count), 0) as tokens from old_rows o '
+            'union all '
+            'select l, -pg_catalog.count(*), 0 from old_rows o, '
+            '       pg_catalog.unnest(pg_catalog.tsvector_to_array(o.tsv)) as l group by l'
+        else
+            'select '''' as lexeme, 0::bigint as doc_freq, '
+            '       (select coalesce(pg_catalog.sum(n.token_count), 0) from new_rows n) '
+            '     - (select coalesce(pg_catalog.sum(o.token_count), 0) from old_rows o) as tokens '
+            'union all '
+            'select x.l, pg_catalog.sum(x.n), 0 from ('
+            '    select l, 1 as n from new_rows n, '
+            '           pg_catalog.unnest(pg_catalog.tsvector_to_array(n.tsv)) as l '
+            '    union all '
+            '    select l, -1 from old_rows o, '
+            '           pg_catalog.unnest(pg_catalog.tsvector_to_array(o.tsv)) as l'
+            ') x group by x.l'
+        end;
+    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
+    anchor := kb._shard_anchor(tg_relid);
+    execute pg_catalog.format(
+        'with d as (%1$s), '
+        '  up as (insert into %2$s as s (anchor, lexeme, doc_freq, tokens) '
+        '         select $1, d.lexeme, d.doc_freq, d.tokens from d '
+        '          where d.doc_freq operator(pg_catalog.<>) 0 or d.tokens operator(pg_catalog.<>) 0 '
+        '          order by d.lexeme '
+        '         on conflict (anchor, lexeme) do update '
+        '            set doc_freq = s.doc_freq operator(pg_catalog.+) excluded.doc_freq, '
+        '                tokens = s.tokens operator(pg_catalog.+) excluded.tokens '
+        '         returning s.lexeme, s.doc_freq, s.tokens) '
+        'select pg_catalog.array_agg(up.lexeme) filter (where up.doc_freq operator(pg_catalog.=) 0 '
+        '           and up.tokens operator(pg_catalog.=) 0 and up.lexeme operator(pg_catalog.<>) '''') '
+        '  from up',
+        deltas, stats_shard)
+       into zeros
+      using anchor;
     if coalesce(cardinality(zeros), 0) > 0 then
         execute pg_catalog.format(
             'delete from %s s where s.anchor operator(pg_catalog.=) $1 '
             'and s.lexeme operator(pg_catalog.=) any ($2)', stats_shard)
         using anchor, zeros;
     end if;
-end
-$$;
-comment on function kb._shard_stats_prune(text, bigint, text[]) is
-    'Drop a shard''s kb.bm25_shard_stats rows of lexemes whose count reached zero. Internal.';
-
-create or replace function kb._shard_chunks_inserted() returns trigger
-language plpgsql
-volatile
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    stats_shard constant text := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
-    anchor constant bigint := kb._shard_anchor(tg_relid);
-    zeros text[];
-begin
-    execute kb._shard_stats_upsert(stats_shard,
-        'select '''' as lexeme, pg_catalog.count(*) as doc_freq, '
-        '       coalesce(pg_catalog.sum(n.token_count), 0) as tokens from new_rows n '
-        'union all '
-        'select l, pg_catalog.count(*), 0 from new_rows n, '
-        '       pg_catalog.unnest(pg_catalog.tsvector_to_array(n.tsv)) as l group by l')
-       into zeros using anchor;
-    perform kb._shard_stats_prune(stats_shard, anchor, zeros);
-    return null;
-end
-$$;
-comment on function kb._shard_chunks_inserted() is
-    'Statement trigger on a shard of kb.chunks (distributed layout): new chunks count in the '
-    'shard''s BM25 statistics.';
-
-create or replace function kb._shard_chunks_deleted() returns trigger
-language plpgsql
-volatile
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    stats_shard constant text := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
-    anchor constant bigint := kb._shard_anchor(tg_relid);
-    zeros text[];
-    state record;
-begin
-    execute kb._shard_stats_upsert(stats_shard,
-        'select '''' as lexeme, -pg_catalog.count(*) as doc_freq, '
-        '       -coalesce(pg_catalog.sum(o.token_count), 0) as tokens from old_rows o '
-        'union all '
-        'select l, -pg_catalog.count(*), 0 from old_rows o, '
-        '       pg_catalog.unnest(pg_catalog.tsvector_to_array(o.tsv)) as l group by l')
-       into zeros using anchor;
-    perform kb._shard_stats_prune(stats_shard, anchor, zeros);
-    -- the impact cache's blocks holding deleted chunks are rebuilt by the next refresh
-    execute pg_catalog.format('select s.watermark, s.block_size from %s s',
-                              kb._shard_peer(tg_relid, 'kb.lexical_state'))
-       into state;
-    execute pg_catalog.format(
-        'insert into %s (document_id, block_no) '
-        'select distinct o.document_id, (o.id operator(pg_catalog./) $2)::integer from old_rows o '
-        ' where o.id operator(pg_catalog.<=) $1 '
-        'on conflict do nothing',
-        kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'))
-    using state.watermark, state.block_size;
-    return null;
-end
-$$;
-comment on function kb._shard_chunks_deleted() is
-    'Statement trigger on a shard of kb.chunks (distributed layout): deleted chunks leave the '
-    'shard''s BM25 statistics, and their cached blocks are marked for the next refresh.';
-
-create or replace function kb._shard_chunks_updated() returns trigger
-language plpgsql
-volatile
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    stats_shard text;
-    anchor bigint;
-    zeros text[];
-    state record;
-begin
-    -- only rows whose lexemes changed matter (re-embedding updates no text)
-    if not exists (select 1 from old_rows o join new_rows n on n.id = o.id
-                    where o.tsv is distinct from n.tsv) then
+    if tg_op = 'INSERT' then
         return null;
     end if;
-    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
-    anchor := kb._shard_anchor(tg_relid);
-    execute kb._shard_stats_upsert(stats_shard,
-        'select '''' as lexeme, 0::bigint as doc_freq, '
-        '       (select coalesce(pg_catalog.sum(n.token_count), 0) from new_rows n) '
-        '     - (select coalesce(pg_catalog.sum(o.token_count), 0) from old_rows o) as tokens '
-        'union all '
-        'select x.l, pg_catalog.sum(x.n), 0 from ('
-        '    select l, 1 as n from new_rows n, pg_catalog.unnest(pg_catalog.tsvector_to_array(n.tsv)) as l '
-        '    union all '
-        '    select l, -1 from old_rows o, pg_catalog.unnest(pg_catalog.tsvector_to_array(o.tsv)) as l'
-        ') x group by x.l')
-       into zeros using anchor;
-    perform kb._shard_stats_prune(stats_shard, anchor, zeros);
-    -- cached chunks whose text changed are scored exactly until the next refresh rebuilds
-    -- their blocks
+    -- the impact cache (on the coordinator) as the single-server triggers of revision 0002
+    -- keep it: cached chunks whose text changed are scored exactly until the next refresh,
+    -- which rebuilds the blocks holding changed or deleted chunks
     execute pg_catalog.format('select s.watermark, s.block_size from %s s',
                               kb._shard_peer(tg_relid, 'kb.lexical_state'))
        into state;
-    execute pg_catalog.format(
-        'insert into %s (document_id, chunk_id) '
-        'select n.document_id, n.id from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id '
-        ' where o.tsv is distinct from n.tsv and n.id operator(pg_catalog.<=) $1 '
-        'on conflict do nothing',
-        kb._shard_peer(tg_relid, 'kb.lexical_pending'))
-    using state.watermark;
+    if tg_op = 'UPDATE' then
+        execute pg_catalog.format(
+            'insert into %s (document_id, chunk_id) '
+            'select n.document_id, n.id from %s and n.id operator(pg_catalog.<=) $1 '
+            'on conflict do nothing',
+            kb._shard_peer(tg_relid, 'kb.lexical_pending'), changed)
+        using state.watermark;
+    end if;
     execute pg_catalog.format(
         'insert into %s (document_id, block_no) '
-        'select distinct n.document_id, (n.id operator(pg_catalog./) $2)::integer '
-        '  from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id '
-        ' where o.tsv is distinct from n.tsv and n.id operator(pg_catalog.<=) $1 '
+        'select distinct o.document_id, (o.id operator(pg_catalog./) $2)::integer from %s '
+        '   and o.id operator(pg_catalog.<=) $1 '
         'on conflict do nothing',
-        kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'))
+        kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'),
+        case when tg_op = 'UPDATE' then changed else 'old_rows o where true' end)
     using state.watermark, state.block_size;
     return null;
 end
 $$;
-comment on function kb._shard_chunks_updated() is
-    'Statement trigger on a shard of kb.chunks (distributed layout): chunks whose text changed '
-    'move the shard''s BM25 statistics and are scored exactly until the next cache refresh.';
+comment on function kb._shard_chunks_changed() is
+    'Statement trigger (insert, delete, update) on a shard of kb.chunks (distributed layout): '
+    'the change in the shard''s BM25 statistics, written to its co-located shard of '
+    'kb.bm25_shard_stats, and the impact cache''s bookkeeping (kb.lexical_pending, '
+    'kb.lexical_dirty_blocks) beside it.';
 
 create or replace function kb._shard_chunks_truncated() returns trigger
 language plpgsql
@@ -633,3 +571,43 @@ $$;
 comment on function kb._search_results_distributed(integer, double precision, double precision, double precision, integer, integer, boolean, @extschema:vector@.vector[], bigint[], bigint[], bigint[], bigint[], bigint[]) is
     'Distributed layout: kb.search''s fusion, per-document cap, cut and result rows (read in one '
     'statement). Internal to kb.search.';
+
+create or replace function kb._recount_bm25_distributed(chunks_now bigint, tokens_now bigint)
+returns bigint
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    corrected bigint;
+begin
+    -- kb.recount_bm25_statistics() on the distributed layout (the caller holds the lock on
+    -- kb.chunks): each lexeme counted on the shards, compared with the shards' sums (wrong,
+    -- missing and left-behind ones: the count of them), then the shards' rows replaced by the
+    -- counts, all on one anchor (only the sums mean anything; the triggers add to them as before)
+    drop table if exists pg_temp.kbpg_counted, pg_temp.kbpg_summed;
+    create temporary table kbpg_counted on commit drop as
+        select u.lexeme, pg_catalog.count(*) as doc_freq
+          from kb.chunks c
+         cross join lateral pg_catalog.unnest(pg_catalog.tsvector_to_array(c.tsv)) as u(lexeme)
+         group by u.lexeme;
+    create temporary table kbpg_summed on commit drop as
+        select s.lexeme, pg_catalog.sum(s.doc_freq) as doc_freq
+          from kb.bm25_shard_stats s where s.lexeme <> ''
+         group by s.lexeme having pg_catalog.sum(s.doc_freq) <> 0;
+    select pg_catalog.count(*) into corrected
+      from pg_temp.kbpg_counted t full join pg_temp.kbpg_summed m on m.lexeme = t.lexeme
+     where t.doc_freq is distinct from m.doc_freq;
+    delete from kb.bm25_shard_stats;
+    insert into kb.bm25_shard_stats (anchor, lexeme, doc_freq, tokens)
+    select 0, '', chunks_now, tokens_now
+    union all
+    select 0, t.lexeme, t.doc_freq, 0 from pg_temp.kbpg_counted t;
+    return corrected;
+end
+$$;
+comment on function kb._recount_bm25_distributed(bigint, bigint) is
+    'Distributed layout: kb.recount_bm25_statistics()''s recount (the caller locks kb.chunks): '
+    'kb.bm25_shard_stats replaced by counts from the shards; returns how many lexemes were '
+    'wrong, missing or left behind. Internal.';

@@ -319,10 +319,12 @@ begin
     excluded := kb._lexemes_tsquery(qt.excluded);
     all_terms := kb._lexemes_tsquery(terms);
     select * into state from kb.lexical_state;
-    if distributed and stats.reset_at >= coalesce(state.refreshed_at, '-infinity') then
+    if distributed then
         -- kb.chunks was truncated since the cache was built (a shard cannot reset the cache on
         -- the coordinator): ids may restart below its watermark, so it is not used until a refresh
-        state.watermark := 0;
+        if stats.reset_at >= coalesce(state.refreshed_at, '-infinity') then
+            state.watermark := 0;
+        end if;
     end if;
     -- the blocks the sums would read: every block up to the watermark while the ids are dense;
     -- they need not be (a re-ingested document's chunks take new ids: 100k chunks re-ingested

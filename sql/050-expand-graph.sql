@@ -43,6 +43,13 @@ declare
     frontier_ids bigint[];
     frontier_scores double precision[];
     frontier_via bigint[];
+    -- the distributed layout (Citus): a hop's edges read in one statement, then picked here
+    distributed constant boolean := kb._distributed();
+    edge_src bigint[];
+    edge_dst bigint[];
+    edge_weight double precision[];
+    found_ids bigint[];
+    found_docs bigint[];
 begin
     if expand_graph.max_depth is null or expand_graph.max_depth not between 1 and 5 then
         raise exception 'max_depth must be between 1 and 5, got %', coalesce(expand_graph.max_depth::text, 'NULL')
@@ -70,6 +77,41 @@ begin
     frontier_scores := best_scores;
     for hop in 1..expand_graph.max_depth loop
         exit when coalesce(cardinality(frontier_ids), 0) = 0;
+        if distributed then
+            -- Citus pushes no LATERAL ... LIMIT down: every edge touching the frontier comes
+            -- in one statement (a task per shard), and each chunk's 32 heaviest per direction
+            -- are picked here, as the single-server statement below picks them
+            select pg_catalog.array_agg(e.src_chunk_id), pg_catalog.array_agg(e.dst_chunk_id),
+                   pg_catalog.array_agg(e.weight::float8)
+              into edge_src, edge_dst, edge_weight
+              from kb.edges e
+             where e.src_chunk_id = any (frontier_ids) or e.dst_chunk_id = any (frontier_ids);
+            select coalesce(array_agg(c.next_id), '{}'), coalesce(array_agg(c.score), '{}'),
+                   coalesce(array_agg(c.via), '{}')
+              into frontier_ids, frontier_scores, frontier_via
+              from (select c.next_id, c.score, c.via
+                      from (select distinct on (n.next_id) n.next_id, n.score * n.weight as score,
+                                   n.id as via
+                              from (select f.id, f.score, x.dst as next_id, x.weight,
+                                           pg_catalog.row_number() over (
+                                               partition by f.id order by x.weight desc, x.dst) as nth
+                                      from unnest(frontier_ids, frontier_scores) as f(id, score)
+                                      join unnest(edge_src, edge_dst, edge_weight) as x(src, dst, weight)
+                                        on x.src = f.id
+                                    union all
+                                    select f.id, f.score, x.src, x.weight,
+                                           pg_catalog.row_number() over (
+                                               partition by f.id order by x.weight desc, x.src)
+                                      from unnest(frontier_ids, frontier_scores) as f(id, score)
+                                      join unnest(edge_src, edge_dst, edge_weight) as x(src, dst, weight)
+                                        on x.dst = f.id) n
+                             where n.nth <= 32 and n.score * n.weight >= expand_graph.min_score
+                             order by n.next_id, n.score * n.weight desc, n.id) c
+                      left join unnest(best_ids, best_scores) as b(id, score) on b.id = c.next_id
+                     where b.id is null or c.score > b.score
+                     order by c.score desc, c.next_id
+                     limit 10000) c;
+        else
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
         -- best-scoring chunks when a level would reach more
@@ -83,11 +125,11 @@ begin
                           cross join lateral (
                               (select e.dst_chunk_id as next_id, e.weight::float8 as weight
                                  from kb.edges e where e.src_chunk_id = f.id
-                                order by e.weight desc limit 32)
+                                order by e.weight desc, e.dst_chunk_id limit 32)
                               union all
                               (select e.src_chunk_id, e.weight::float8
                                  from kb.edges e where e.dst_chunk_id = f.id
-                                order by e.weight desc limit 32)
+                                order by e.weight desc, e.src_chunk_id limit 32)
                           ) n
                          where f.score * n.weight >= expand_graph.min_score
                          order by n.next_id, f.score * n.weight desc, f.id) c
@@ -95,6 +137,7 @@ begin
                  where b.id is null or c.score > b.score
                  order by c.score desc, c.next_id
                  limit 10000) c;
+        end if;
         -- merge the improvements into the best paths (one hash join, not a scan per chunk)
         select array_agg(coalesce(n.id, b.id)), array_agg(coalesce(n.score, b.score)),
                array_agg(case when n.id is null then b.hops else hop end),
@@ -105,6 +148,26 @@ begin
             on n.id = b.id;
     end loop;
 
+    if distributed then
+        -- the reached chunks' documents and filters, read in one statement (a join to the
+        -- arrays' rows would be shipped to every worker first)
+        found_ids := array(select b.id from unnest(best_ids, best_hops) as b(id, hops)
+                            where b.hops > 0 and b.id <> all (expand_graph.seed_chunk_ids));
+        select pg_catalog.array_agg(c.id), pg_catalog.array_agg(c.document_id)
+          into found_ids, found_docs
+          from kb.chunks c
+         where c.id = any (found_ids)
+           and kb._chunk_matches_filters(c.groups, c.category, c.labels, expand_graph.groups,
+                                         expand_graph.category, expand_graph.labels);
+        return query
+        select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
+               b.id, f.document_id, b.score, b.hops, b.via
+          from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
+          join unnest(found_ids, found_docs) as f(id, document_id) on f.id = b.id
+         order by b.score desc, b.hops, b.id
+         limit expand_graph.max_returned;
+        return;
+    end if;
     return query
     select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
            b.id, c.document_id, b.score, b.hops, b.via

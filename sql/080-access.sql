@@ -242,6 +242,14 @@ as $$
 declare
     t regclass;
 begin
+    if _access_set.enforce and kb._distributed() then
+        -- kbpg db distribute dropped the visibility policies: their subqueries are not allowed
+        -- on distributed tables, and row-level security without them would hide every row
+        raise exception 'access control cannot be enforced on a distributed knowledge base'
+            using errcode = '0A000',
+                  hint = 'row-level security policies with subqueries are not supported by Citus; '
+                         'keep access control off, or keep the knowledge base on one server';
+    end if;
     if kb._access_enforced() is distinct from _access_set.enforce then
         foreach t in array kb._access_tables() loop
             execute format('alter table %s %s row level security', t,
