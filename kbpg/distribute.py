@@ -177,16 +177,22 @@ begin
         references kb.chunks (document_id, id) on delete cascade;
     alter table kb.chunk_entities add foreign key (document_id, chunk_id)
         references kb.chunks (document_id, id) on delete cascade;
+
+    -- the vector arm's recall settings reach the workers with SET LOCAL inside a transaction
+    -- block; a statement in autocommit mode (psql's) opens no transaction there and runs with
+    -- the workers' defaults: iterative scans on, for this database (Citus passes ALTER
+    -- DATABASE on to the workers)
+    begin
+        execute pg_catalog.format('alter database %I set hnsw.iterative_scan = relaxed_order',
+                                  pg_catalog.current_database());
+    exception when insufficient_privilege then
+        raise notice 'kbpg: hnsw.iterative_scan is not the default on the workers'
+            using hint = pg_catalog.format(
+                'the database owner runs: ALTER DATABASE %I SET hnsw.iterative_scan = relaxed_order',
+                pg_catalog.current_database());
+    end;
 end
 $distribute$;
-"""
-
-# Recall settings the vector arm sets with SET LOCAL reach the workers only inside a
-# transaction block (citus.propagate_set_commands = local); a psql call in autocommit mode
-# runs each shard's query on its own, with the worker's defaults: iterative scans on there.
-WORKER_DEFAULTS = r"""
-select pg_catalog.run_command_on_workers(pg_catalog.format(
-    'alter database %I set hnsw.iterative_scan = relaxed_order', pg_catalog.current_database()));
 """
 
 STATUS = """
@@ -208,14 +214,8 @@ def script(shards: int | None = None) -> str:
 
 
 def full_script(shards: int | None = None) -> str:
-    """The script as a psql file: one transaction, then the workers' defaults."""
-    return (
-        "\\set ON_ERROR_STOP on\nbegin;\n"
-        + script(shards)
-        + "commit;\n"
-        + WORKER_DEFAULTS.strip()
-        + "\n"
-    )
+    """The script as a psql file (one transaction)."""
+    return "\\set ON_ERROR_STOP on\nbegin;\n" + script(shards) + "commit;\n"
 
 
 @dataclass(frozen=True)
@@ -242,8 +242,6 @@ def distribute(url: str, shards: int | None = None) -> Distribution:
         already = bool(row and row[0])
         if not already:
             conn.execute(script(shards))
-            conn.commit()
-            conn.execute(WORKER_DEFAULTS)
             conn.commit()
         status = conn.execute(STATUS).fetchone()
         assert status is not None

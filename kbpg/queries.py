@@ -352,8 +352,10 @@ CONTEXT_READ: Final = (
     " c.context, c.context_key from kb.chunks c join kb.documents d on d.id = c.document_id"
     " order by c.document_id, c.ordinal"
 )
+# the document id too: on a distributed knowledge base it names the one shard to update
 CONTEXT_WRITE: Final = (
-    "update kb.chunks set context = %s, context_key = %s, embedding = %s where id = %s"
+    "update kb.chunks set context = %s, context_key = %s, embedding = %s"
+    " where id = %s and document_id = %s"
 )
 
 

@@ -56,6 +56,29 @@ comment on function kb._set_local_on_workers(text[], text[]) is
     'Distributed layout: SET LOCAL the given settings on the coordinator and on the workers of '
     'this transaction (the vector arm''s recall settings). Internal.';
 
+create or replace function kb._is_shard(relation oid)
+returns boolean
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    found boolean;
+begin
+    -- the distributed table itself (the coordinator's shell, which a TRUNCATE also empties)
+    -- is no shard: its triggers have nothing to count
+    execute 'select not exists (select 1 from pg_catalog.pg_dist_partition p
+                                 where p.logicalrelid operator(pg_catalog.=) $1)'
+       into found
+      using relation;
+    return found;
+end
+$$;
+comment on function kb._is_shard(oid) is
+    'On a Citus node: false for a distributed table''s own relation (its shell), true for its '
+    'shards. Internal to the distributed layout''s triggers.';
+
 create or replace function kb._shard_peer(shard_relation oid, peer regclass)
 returns text
 language plpgsql
@@ -139,6 +162,9 @@ declare
     any_changed boolean;
     state record;
 begin
+    if not kb._is_shard(tg_relid) then
+        return null;
+    end if;
     if tg_op = 'UPDATE' then
         execute 'select exists (select 1 from ' || changed || ')' into any_changed;
         if not any_changed then
@@ -237,8 +263,12 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    stats_shard constant text := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
+    stats_shard text;
 begin
+    if not kb._is_shard(tg_relid) then
+        return null;
+    end if;
+    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
     execute pg_catalog.format('truncate %s, %s, %s', stats_shard,
                               kb._shard_peer(tg_relid, 'kb.lexical_pending'),
                               kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'));
