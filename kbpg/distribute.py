@@ -177,6 +177,8 @@ begin
         references kb.chunks (document_id, id) on delete cascade;
     alter table kb.chunk_entities add foreign key (document_id, chunk_id)
         references kb.chunks (document_id, id) on delete cascade;
+    -- the reader and writer roles (kb.access_setup) get the new table too
+    perform kb._access_apply_grants();
 
     -- the vector arm's recall settings reach the workers with SET LOCAL inside a transaction
     -- block; a statement in autocommit mode (psql's) opens no transaction there and runs with

@@ -62,6 +62,10 @@ begin
                                  'lexical_pending', 'access_grants', 'access_settings'] loop
             execute format('grant select on kb.%I to %I', t, s.reader_role);
         end loop;
+        if kb._distributed() then
+            -- the lexical arm sums the shards' statistics there (sql/015)
+            execute format('grant select on kb.bm25_shard_stats to %I', s.reader_role);
+        end if;
     end if;
     if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
         execute format('grant usage on schema kb to %I', s.writer_role);

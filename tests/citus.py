@@ -185,9 +185,8 @@ class Cluster:
         return self.coordinator.url()
 
     def _running(self, node: Node) -> bool:
-        with contextlib.suppress(psycopg.Error):
-            with psycopg.connect(node.url(), connect_timeout=2):
-                return True
+        with contextlib.suppress(psycopg.Error), psycopg.connect(node.url(), connect_timeout=2):
+            return True
         return False
 
     def stop(self) -> None:
@@ -221,9 +220,11 @@ class Cluster:
 
     def drop_database(self, name: str) -> None:
         for node in self.nodes:
-            with contextlib.suppress(psycopg.Error):
-                with psycopg.connect(node.url(), autocommit=True) as conn:
-                    conn.execute(f'drop database if exists "{name}" with (force)')
+            with (
+                contextlib.suppress(psycopg.Error),
+                psycopg.connect(node.url(), autocommit=True) as conn,
+            ):
+                conn.execute(f'drop database if exists "{name}" with (force)')
 
     def wait_ready(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout

@@ -86,7 +86,9 @@ def synthetic_corpus(
     records = []
     for i in range(n_chunks):
         text_words = list(nrng.choice(words, size=int(nrng.integers(20, 60)), p=probs))
-        text_words.insert(int(nrng.integers(0, len(text_words))), f"K{int(nrng.integers(0, n_chunks // 4))}Q")
+        text_words.insert(
+            int(nrng.integers(0, len(text_words))), f"K{int(nrng.integers(0, n_chunks // 4))}Q"
+        )
         vector = centroids[i % 200] + nrng.normal(scale=0.6, size=DIM).astype(np.float32)
         records.append(
             {
@@ -143,7 +145,12 @@ def samples_corpus(embedder: Any) -> Corpus:
     ]
     queries = [(q, [float(x) for x in embedder.embed_query(q)]) for q in questions]
     return Corpus(
-        "samples", [REPO / "samples" / "kb"], queries, ["residents"], "permits", ["waste"],
+        "samples",
+        [REPO / "samples" / "kb"],
+        queries,
+        ["residents"],
+        "permits",
+        ["waste"],
         recursive=True,
     )
 
@@ -185,30 +192,53 @@ def variants(corpus: Corpus) -> list[Variant]:
         Variant("search hybrid", search + ")"),
         Variant("search text only", f"select {COLUMNS} from kb.search(%(q)s, null, 8)"),
         Variant("search vector only", search + ", use_lexical => false)"),
-        Variant("search graph", search + ", use_graph => true, graph_max_depth => 2, "
-                "graph_max_returned => 5, graph_min_score => 0.3)"),
+        Variant(
+            "search graph",
+            search + ", use_graph => true, graph_max_depth => 2, "
+            "graph_max_returned => 5, graph_min_score => 0.3)",
+        ),
         Variant("search groups", search + f", groups => {g})"),
         Variant("search category", search + f", category => {category})"),
         Variant("search extra embeddings", search + ", extra_embeddings => array[%(e2)s::vector])"),
         Variant("search rerank pool", search + ", rerank_pool => 24)"),
-        Variant("search weights no cap", search + ", rrf_k => 20, vector_weight => 0.5, "
-                "lexical_weight => 2, max_per_doc => null, fetch_multiplier => 6)"),
+        Variant(
+            "search weights no cap",
+            search + ", rrf_k => 20, vector_weight => 0.5, "
+            "lexical_weight => 2, max_per_doc => null, fetch_multiplier => 6)",
+        ),
         Variant("search_vector", vector + "%(e)s::vector, 32)"),
-        Variant("search_vector extra", vector + "%(e)s::vector, 32, extra_embeddings => "
-                "array[%(e2)s::vector])"),
-        Variant("search_vector groups exact", vector + f"%(e)s::vector, 32, groups => {g})",
-                (("kb.vector_exact_limit", "1000000000"),)),
-        Variant("search_vector category hnsw", vector + f"%(e)s::vector, 32, category => {category})",
-                (("kb.vector_exact_limit", "0"),)),
+        Variant(
+            "search_vector extra",
+            vector + "%(e)s::vector, 32, extra_embeddings => array[%(e2)s::vector])",
+        ),
+        Variant(
+            "search_vector groups exact",
+            vector + f"%(e)s::vector, 32, groups => {g})",
+            (("kb.vector_exact_limit", "1000000000"),),
+        ),
+        Variant(
+            "search_vector category hnsw",
+            vector + f"%(e)s::vector, 32, category => {category})",
+            (("kb.vector_exact_limit", "0"),),
+        ),
         Variant("search_lexical", lexical + ")"),
         Variant("search_lexical groups", lexical + f", groups => {g})"),
         Variant("search_lexical category", lexical + f", category => {category})"),
-        Variant("search_lexical exhaustive", lexical + ")",
-                (("kb.lexical_exhaustive_limit", "1000000000"),)),
-        Variant("search_lexical excluded", "select chunk_id, document_id, rank, score from "
-                "kb.search_lexical(%(q)s || ' -' || split_part(%(q)s, ' ', 1), 32)"),
-        Variant("expand_graph", "select chunk_id, document_id, rank, score, depth, via_chunk_id "
-                "from kb.expand_graph(%(seeds)s, 2, 20, 0.2)"),
+        Variant(
+            "search_lexical exhaustive",
+            lexical + ")",
+            (("kb.lexical_exhaustive_limit", "1000000000"),),
+        ),
+        Variant(
+            "search_lexical excluded",
+            "select chunk_id, document_id, rank, score from "
+            "kb.search_lexical(%(q)s || ' -' || split_part(%(q)s, ' ', 1), 32)",
+        ),
+        Variant(
+            "expand_graph",
+            "select chunk_id, document_id, rank, score, depth, via_chunk_id "
+            "from kb.expand_graph(%(seeds)s, 2, 20, 0.2)",
+        ),
     ]
     if corpus.labels:
         out.append(Variant("search labels", search + f", labels => {labels})"))
@@ -379,9 +409,7 @@ def recall_at(url: str, corpus: Corpus, k: int = 32) -> float:
     return found / (k * len(corpus.queries))
 
 
-def timings(
-    conn: psycopg.Connection[Any], call: Callable[[int], None], n: int
-) -> Iterator[float]:
+def timings(conn: psycopg.Connection[Any], call: Callable[[int], None], n: int) -> Iterator[float]:
     import time
 
     for i in range(n):

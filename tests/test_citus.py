@@ -89,7 +89,9 @@ def pair(
 
 
 @pytest.fixture(scope="session")
-def samples(pair: Callable[[int | None], tuple[str, str]], embedder: Any) -> tuple[str, str, h.Corpus]:
+def samples(
+    pair: Callable[[int | None], tuple[str, str]], embedder: Any
+) -> tuple[str, str, h.Corpus]:
     corpus = h.samples_corpus(embedder)
     single, many = pair(4)
     for url in (single, many):
@@ -120,9 +122,7 @@ def synthetic_single(admin_url: str, template_url: str, synthetic: h.Corpus) -> 
 
 
 @pytest.fixture(scope="session")
-def synthetic_distributed(
-    cluster: Cluster, synthetic: h.Corpus
-) -> Iterator[Callable[[int], str]]:
+def synthetic_distributed(cluster: Cluster, synthetic: h.Corpus) -> Iterator[Callable[[int], str]]:
     """Factory: the synthetic corpus in a cluster database of `shards` shards (loaded once)."""
     made: dict[int, str] = {}
 
@@ -166,7 +166,9 @@ def test_distribute_makes_the_layout_and_is_idempotent(
         assert first.returncode == 0, first.stderr
         assert first.stdout.strip() == "distributed: 6 shards on 2 nodes"
         tables = _tables(url)
-        assert {t: tables[t][:2] for t in DISTRIBUTED} == {t: ("distributed", 6) for t in DISTRIBUTED}
+        assert {t: tables[t][:2] for t in DISTRIBUTED} == {
+            t: ("distributed", 6) for t in DISTRIBUTED
+        }
         assert len({tables[t][2] for t in DISTRIBUTED}) == 1, "co-located"
         assert {t: tables[t][0] for t in REFERENCE} == {t: "reference" for t in REFERENCE}
         assert "kb.lexical_blocks" not in tables  # the impact cache stays on the coordinator
@@ -196,7 +198,9 @@ def test_printed_script_makes_the_same_layout(cluster: Cluster) -> None:
             )
             assert done.returncode == 0, done.stderr
         tables = _tables(url)
-        assert {t: tables[t][:2] for t in DISTRIBUTED} == {t: ("distributed", 3) for t in DISTRIBUTED}
+        assert {t: tables[t][:2] for t in DISTRIBUTED} == {
+            t: ("distributed", 3) for t in DISTRIBUTED
+        }
     finally:
         cluster.drop_database(name)
 
@@ -258,7 +262,9 @@ def test_recall_settings_reach_every_shard(samples: tuple[str, str, h.Corpus]) -
     _, many, corpus = samples
     on_shards = "select distinct current_setting(%s) from kb.chunks"
     with kdb.connect(many) as conn:
-        conn.execute("select * from kb.search_vector(%s::vector, 100)", (str(corpus.queries[0][1]),))
+        conn.execute(
+            "select * from kb.search_vector(%s::vector, 100)", (str(corpus.queries[0][1]),)
+        )
         assert conn.execute(on_shards, ("hnsw.ef_search",)).fetchall() == [("800",)]
         assert conn.execute(on_shards, ("hnsw.iterative_scan",)).fetchall() == [("relaxed_order",)]
         assert conn.execute(on_shards, ("hnsw.max_scan_tuples",)).fetchall() == [("20000",)]
@@ -306,8 +312,8 @@ def test_every_write_keeps_bm25_statistics_exact(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from kbpg import maintenance
-    from kbpg.contextual import recontextualize
     from kbpg.app import KnowledgeBase
+    from kbpg.contextual import recontextualize
     from kbpg.ingest import ingest_paths
 
     source = tmp_path / "kb"
@@ -326,7 +332,9 @@ def test_every_write_keeps_bm25_statistics_exact(
     each(lambda kb: ingest_paths(kb, [source], recursive=True))
     # re-ingest: a changed document's chunks are replaced
     changed = next(source.rglob("*.md"))
-    changed.write_text(changed.read_text() + "\n\n## Added\n\nA brand new paragraph about kayaks.\n")
+    changed.write_text(
+        changed.read_text() + "\n\n## Added\n\nA brand new paragraph about kayaks.\n"
+    )
     each(lambda kb: ingest_paths(kb, [source], recursive=True))
     # delete by source
     gone = sorted(source.rglob("*.md"))[3]
@@ -340,7 +348,10 @@ def test_every_write_keeps_bm25_statistics_exact(
     # contexts written by a chat model (kbpg recontextualize): every chunk's text changes
     with ModelServer() as server:
         server.chat_reply = lambda messages: json.dumps(
-            [f"situating context {n}" for n in re.findall(r"^\[(\d+)\] ", messages[-1]["content"], re.M)]
+            [
+                f"situating context {n}"
+                for n in re.findall(r"^\[(\d+)\] ", messages[-1]["content"], re.M)
+            ]
         )
         monkeypatch.setenv("KBPG_CHAT_BASE_URL", server.chat_url)
         monkeypatch.setenv("KBPG_CHAT_MODEL", "ctx-a")

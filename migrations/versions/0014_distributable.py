@@ -59,22 +59,18 @@ set search_path = pg_catalog, pg_temp
 """
 
 
-UPGRADE = (
-    "\n".join(
-        f"alter table kb.{table} add column document_id bigint;\n"
-        f"comment on column kb.{table}.document_id is "
-        f"'The document of the row''s {'source ' if table == 'edges' else ''}chunk: where a "
-        "distributed knowledge base keeps the row (NULL on a single server for rows written "
-        "before revision 0014).';"
-        for table in GRAPH_TABLES
-    )
-    + _access_functions(standard_bodies=False)
-)
+UPGRADE = "\n".join(
+    f"alter table kb.{table} add column document_id bigint;\n"
+    f"comment on column kb.{table}.document_id is "
+    f"'The document of the row''s {'source ' if table == 'edges' else ''}chunk: where a "
+    "distributed knowledge base keeps the row (NULL on a single server for rows written "
+    "before revision 0014).';"
+    for table in GRAPH_TABLES
+) + _access_functions(standard_bodies=False)
 
-DOWNGRADE = (
-    "\n".join(f"alter table kb.{table} drop column document_id;" for table in GRAPH_TABLES)
-    + _access_functions(standard_bodies=True)
-)
+DOWNGRADE = "\n".join(
+    f"alter table kb.{table} drop column document_id;" for table in GRAPH_TABLES
+) + _access_functions(standard_bodies=True)
 
 
 def upgrade() -> None:
