@@ -420,16 +420,15 @@ begin
         -- generic plan, with the watermark unknown, the two-sided id range and the coalesce
         -- keep the second query an id range scan, never a GIN scan of every chunk holding a
         -- frequent term)
+        -- (distributed: read in the rescoring statement, kb._bm25_rank_distributed)
         extra_ids := '{}';
-        if distributed then
-            null;  -- read with the candidates (kb._bm25_rank_distributed, uncached_since)
-        elsif exists (select 1 from kb.chunks c where c.id > state.watermark) then
-            select coalesce(array_agg(c.id), '{}') into extra_ids
-              from kb.chunks c
-             where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
-               and coalesce(c.tsv @@ all_terms, false);
-        end if;
         if not distributed then
+            if exists (select 1 from kb.chunks c where c.id > state.watermark) then
+                select coalesce(array_agg(c.id), '{}') into extra_ids
+                  from kb.chunks c
+                 where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
+                   and coalesce(c.tsv @@ all_terms, false);
+            end if;
             select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
               from kb.lexical_pending p;
         end if;
@@ -550,25 +549,25 @@ begin
                                                  uncached_since => state.watermark,
                                                  rare => kb._lexemes_tsquery(rare_terms)) r;
             else
-            select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
-                   array_agg(b.document_id order by b.score desc, b.chunk_id),
-                   array_agg(b.score order by b.score desc, b.chunk_id)
-              into ranked_ids, ranked_docs, ranked_scores
-              from ((select c.id as chunk_id, c.document_id, s.score
-                       from kb.chunks c
-                       cross join lateral kb._bm25_score(c.tsv, c.token_count, terms, idfs, avgdl) s
-                      where filter_sql = 'true'
-                        and c.id = any (candidate_ids || extra_ids)
-                        and c.tsv @@ all_terms
-                        and (excluded is null or not c.tsv @@ excluded)
-                      order by s.score desc, c.id
-                      limit _search_lexical.match_count)
-                    union all
-                    select r.chunk_id, r.document_id, r.score
-                      from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
-                                         _search_lexical.match_count, _search_lexical.groups,
-                                         _search_lexical.category, _search_lexical.labels) r
-                     where filter_sql <> 'true') b;
+                select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
+                       array_agg(b.document_id order by b.score desc, b.chunk_id),
+                       array_agg(b.score order by b.score desc, b.chunk_id)
+                  into ranked_ids, ranked_docs, ranked_scores
+                  from ((select c.id as chunk_id, c.document_id, s.score
+                           from kb.chunks c
+                           cross join lateral kb._bm25_score(c.tsv, c.token_count, terms, idfs, avgdl) s
+                          where filter_sql = 'true'
+                            and c.id = any (candidate_ids || extra_ids)
+                            and c.tsv @@ all_terms
+                            and (excluded is null or not c.tsv @@ excluded)
+                          order by s.score desc, c.id
+                          limit _search_lexical.match_count)
+                        union all
+                        select r.chunk_id, r.document_id, r.score
+                          from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
+                                             _search_lexical.match_count, _search_lexical.groups,
+                                             _search_lexical.category, _search_lexical.labels) r
+                         where filter_sql <> 'true') b;
             end if;
 
             -- exact once the k-th score beats every chunk left below theta (float32 slack)

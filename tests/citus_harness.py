@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 import psycopg
+from psycopg import sql
 
 from kbpg import db as kdb
 
@@ -178,6 +179,11 @@ class Variant:
     sql: str
     settings: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def uses_vectors(self) -> bool:
+        """Whether HNSW (approximate) takes part: an embedding or seeds from one."""
+        return "%(e)s" in self.sql or "%(seeds)s" in self.sql
+
 
 def variants(corpus: Corpus) -> list[Variant]:
     """Every way of searching kbpg offers, as calls with %(q)s (text), %(e)s (embedding),
@@ -251,13 +257,36 @@ def parameters(corpus: Corpus, i: int) -> dict[str, Any]:
     return {"q": text, "e": str(embedding), "e2": str(other), "seeds": []}
 
 
+# With this the planner leaves HNSW aside (it serves plain index scans only) and the vector arm
+# scans exactly, on one server and on every shard alike: HNSW is approximate, and one graph
+# of every chunk and eight graphs of an eighth each need not miss the same neighbours.
+EXACT_VECTORS = (("enable_indexscan", "off"),)
+
+
 def run_variant(
-    conn: psycopg.Connection[Any], variant: Variant, params: dict[str, Any]
+    conn: psycopg.Connection[Any],
+    variant: Variant,
+    params: dict[str, Any],
+    extra_settings: tuple[tuple[str, str], ...] = (),
 ) -> list[tuple[Any, ...]]:
-    """The variant's rows, in one transaction (its settings SET LOCAL), rolled back."""
+    """The variant's rows, in one transaction (its settings SET LOCAL: on Citus passed on to
+    the workers), rolled back."""
     try:
-        for name, value in variant.settings:
-            conn.execute("select pg_catalog.set_config(%s, %s, true)", (name, value))
+        settings = variant.settings + extra_settings
+        if (
+            settings
+            and conn.execute(
+                "select 1 from pg_catalog.pg_extension where extname = 'citus'"
+            ).fetchone()
+        ):
+            conn.execute("set local citus.propagate_set_commands = local")
+        for name, value in settings:
+            conn.execute(
+                sql.SQL("set local {} = {}").format(
+                    sql.SQL(".").join(sql.Identifier(part) for part in name.split(".")),
+                    sql.Literal(value),
+                )
+            )
         if "%(seeds)s" in variant.sql and not params["seeds"]:
             seeds = conn.execute(
                 "select chunk_id from kb.search_vector(%(e)s::vector, 4) order by rank", params
@@ -304,15 +333,18 @@ class Comparison:
     per_variant: Counter[str] = field(default_factory=Counter)
 
 
-def compare(single_url: str, distributed_url: str, corpus: Corpus) -> Comparison:
-    """Every variant on every query, on both databases."""
+def compare(
+    single_url: str, distributed_url: str, corpus: Corpus, *, exact_vectors: bool = False
+) -> Comparison:
+    """Every variant on every query, on both databases (exact_vectors: without HNSW)."""
     result = Comparison()
+    extra = EXACT_VECTORS if exact_vectors else ()
     with kdb.connect(single_url) as one, kdb.connect(distributed_url) as many:
         for variant in variants(corpus):
             for i in range(len(corpus.queries)):
                 params = parameters(corpus, i)
-                a = run_variant(one, variant, params)
-                b = run_variant(many, variant, params)
+                a = run_variant(one, variant, params, extra)
+                b = run_variant(many, variant, params, extra)
                 result.checked += 1
                 result.rows += len(a)
                 result.per_variant[variant.name] += len(a)

@@ -209,11 +209,19 @@ def test_printed_script_makes_the_same_layout(cluster: Cluster) -> None:
 
 
 def _assert_equivalent(single: str, many: str, corpus: h.Corpus) -> h.Comparison:
+    """Every variant identical with exact vector scans; with HNSW, identical but for a few
+    calls whose vector arm found other near neighbours (never a lexical-only variant)."""
     assert h.chunk_keys(single) == h.chunk_keys(many), "the same chunks under the same ids"
+    exact = h.compare(single, many, corpus, exact_vectors=True)
+    assert exact.checked == len(h.variants(corpus)) * len(corpus.queries)
+    assert not exact.differences, "\n".join(map(str, exact.differences[:5]))
+    assert all(exact.per_variant[v.name] > 0 for v in h.variants(corpus)), exact.per_variant
     result = h.compare(single, many, corpus)
-    assert result.checked == len(h.variants(corpus)) * len(corpus.queries)
-    assert not result.differences, "\n".join(map(str, result.differences[:5]))
-    assert all(result.per_variant[v.name] > 0 for v in h.variants(corpus)), result.per_variant
+    approximate = {v.name for v in h.variants(corpus) if v.uses_vectors}
+    assert all(d.variant in approximate for d in result.differences), result.differences[:3]
+    assert len(result.differences) <= 0.01 * result.checked, "\n".join(
+        map(str, result.differences[:5])
+    )
     return result
 
 
@@ -411,3 +419,20 @@ def test_access_control_is_refused_on_a_distributed_knowledge_base(
     with kdb.connect(many) as conn, pytest.raises(psycopg.errors.FeatureNotSupported) as raised:
         conn.execute("select kb.access_enable()")
     assert raised.value.diag.message_hint and "Citus" in raised.value.diag.message_hint
+
+
+def test_the_reader_role_searches_every_arm(samples: tuple[str, str, h.Corpus]) -> None:
+    _, many, corpus = samples
+    text, embedding = corpus.queries[0]
+    notices: list[str] = []
+    with kdb.connect(many) as conn:
+        conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+        (reader,) = conn.execute("select reader_role from kb.access_settings").fetchone() or ("",)
+        conn.execute(f'set local role "{reader}"')
+        rows = conn.execute(
+            "select vector_rank, lexical_rank from kb.search(%s, %s::vector, 5)",
+            (text, str(embedding)),
+        ).fetchall()
+        conn.rollback()
+    assert notices == []  # no arm failed (fail-soft would say so)
+    assert any(r[0] is not None for r in rows) and any(r[1] is not None for r in rows)
