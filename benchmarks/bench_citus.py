@@ -112,11 +112,14 @@ def main() -> None:
         for name, url in targets.items():
             if name == "single":
                 continue
-            result = h.compare(targets["single"], url, corpus)
-            log(
-                f"  {name}: {result.checked - len(result.differences)}/{result.checked} calls "
-                f"identical ({result.rows} rows)"
-            )
+            for exact in (True, False):
+                result = h.compare(targets["single"], url, corpus, exact_vectors=exact)
+                differing = sorted({d.variant for d in result.differences})
+                log(
+                    f"  {name}, {'exact vector scans' if exact else 'HNSW'}: "
+                    f"{result.checked - len(result.differences)}/{result.checked} calls identical "
+                    f"({result.rows} rows)" + (f"; differing: {differing}" if differing else "")
+                )
 
         log("\nvector recall@32 (kb.search_vector against an exact scan):")
         for name, url in targets.items():

@@ -142,7 +142,7 @@ class Cluster:
             "port": str(node.port),
             "unix_socket_directories": f"'{node.pgdata}'",
             "max_connections": "200",
-            "shared_buffers": "'1GB'",
+            "shared_buffers": "'512MB'",
             "maintenance_work_mem": "'512MB'",
             "work_mem": "'16MB'",
             "max_worker_processes": "32",
