@@ -33,6 +33,7 @@ INLINED = [
     "kb._chunk_filter_sql",
     "kb._chunk_matches_filters",
     "kb._bm25_score",
+    "kb._distributed",
 ]
 
 FROZEN = {"0001", "0002", "0003"}  # released in 0.1.0: tests/test_production_upgrade.py hashes them
