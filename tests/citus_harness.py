@@ -12,6 +12,8 @@ from __future__ import annotations
 import json
 import math
 import random
+import shutil
+import tempfile
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -110,26 +112,51 @@ def synthetic_corpus(
     return Corpus("synthetic", [path], queries, ["g3"], "cat4", ["l2"])
 
 
+def _window_pieces(text: str, embedder: Any) -> list[str]:
+    """The text, or its words split in halves until every piece fits the model's window."""
+    if len(embedder.tokenizer.encode(text).ids) <= embedder.max_tokens:
+        return [text]
+    words = text.split()
+    half = len(words) // 2
+    return _window_pieces(" ".join(words[:half]), embedder) + _window_pieces(
+        " ".join(words[half:]), embedder
+    )
+
+
 def npl_corpus(directory: Path, embedder: Any) -> Corpus:
     """NPL's 11,429 abstracts as one-chunk records embedded once by `embedder` (the knowledge
-    base's model), and its 93 questions embedded by the same model."""
-    docs = [json.loads(line) for line in (NPL / "corpus.jsonl").open()]
+    base's model; the few abstracts over its window split in halves), and its 93 questions
+    embedded by the same model. The records are kept in the system's temp directory, named
+    after the model and the corpus's size, and reused (embedding them takes minutes)."""
+    corpus_file = NPL / "corpus.jsonl"
+    cached = Path(tempfile.gettempdir()) / (
+        f"kbpg-citus-npl-{embedder.model_name}-{corpus_file.stat().st_size}.jsonl"
+    )
     questions = [json.loads(line) for line in (NPL / "queries.jsonl").open()]
-    vectors = embedder.embed_documents([d["text"] for d in docs])
+    queries = [(q["text"], [float(x) for x in embedder.embed_query(q["text"])]) for q in questions]
+    corpus = Corpus("npl", [cached], queries, ["g5"], "cat2", ["l1"])
+    if cached.exists():
+        return corpus
+    pieces = []
+    for i, line in enumerate(corpus_file.open()):
+        doc = json.loads(line)
+        for k, text in enumerate(_window_pieces(doc["text"], embedder)):
+            pieces.append((f"npl-{doc['_id']}-{k}", text, i))
+    vectors = embedder.embed_documents([text for _, text, _ in pieces])
     records = [
         {
-            "id": f"npl-{d['_id']}",
-            "text": d["text"],
+            "id": ident,
+            "text": text,
             "groups": [f"g{i % 20}"],
             "category": f"cat{i % 4}",
             "labels": [f"l{i % 3}"],
             "embedding": [float(x) for x in v],
         }
-        for i, (d, v) in enumerate(zip(docs, vectors, strict=True))
+        for (ident, text, i), v in zip(pieces, vectors, strict=True)
     ]
-    path = write_jsonl(directory / "npl.jsonl", records)
-    queries = [(q["text"], [float(x) for x in embedder.embed_query(q["text"])]) for q in questions]
-    return Corpus("npl", [path], queries, ["g5"], "cat2", ["l1"])
+    staging = write_jsonl(directory / "npl.jsonl", records)
+    shutil.move(staging, cached)
+    return corpus
 
 
 def samples_corpus(embedder: Any) -> Corpus:
