@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kbpg import db as kdb  # noqa: E402
 from kbpg.app import KnowledgeBase  # noqa: E402
 from kbpg.config import ModelSettings, Settings  # noqa: E402
 from kbpg.evaluate import throwaway_database  # noqa: E402
-from kbpg.ingest import ingest_paths  # noqa: E402
+from kbpg.ingest.run import ingest_paths  # noqa: E402
+from kbpg.store import db as kdb  # noqa: E402
 from tests.model_servers import ModelServer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))

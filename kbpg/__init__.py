@@ -8,8 +8,8 @@ __version__ = "0.1.0"
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase, Principal
-    from kbpg.request import SearchRequest
-    from kbpg.search import Chunk, Retriever, SearchResult, Source
+    from kbpg.search.request import SearchRequest
+    from kbpg.search.run import Chunk, Retriever, SearchResult, Source
 
 __all__ = [
     "Chunk",
@@ -24,13 +24,13 @@ __all__ = [
 
 # Imported on first use, so that `import kbpg` (and the CLI's start) stays cheap.
 _LAZY = {
-    "Chunk": "kbpg.search",
+    "Chunk": "kbpg.search.run",
     "KnowledgeBase": "kbpg.app",
     "Principal": "kbpg.app",
-    "Retriever": "kbpg.search",
-    "SearchRequest": "kbpg.request",
-    "SearchResult": "kbpg.search",
-    "Source": "kbpg.search",
+    "Retriever": "kbpg.search.run",
+    "SearchRequest": "kbpg.search.request",
+    "SearchResult": "kbpg.search.run",
+    "Source": "kbpg.search.run",
 }
 
 

@@ -14,8 +14,6 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from kbpg import db as kdb
-from kbpg import queries
 from kbpg.config import ModelSettings, Settings
 from kbpg.errors import (
     Busy,
@@ -27,14 +25,16 @@ from kbpg.errors import (
     ReadOnlyDatabase,
     StageUnavailable,
 )
-from kbpg.replicas import ReadReplicas
-from kbpg.request import SearchRequest
-from kbpg.stages import ExpansionCache
+from kbpg.search.request import SearchRequest
+from kbpg.search.stages import ExpansionCache
+from kbpg.store import db as kdb
+from kbpg.store import queries
+from kbpg.store.replicas import ReadReplicas
 
 if TYPE_CHECKING:
-    from kbpg.embedding import Embedder
     from kbpg.models import ChatClient, Reranker
-    from kbpg.search import SearchResult
+    from kbpg.models.embedders import Embedder
+    from kbpg.search.run import SearchResult
 
 Connection = psycopg.Connection[Any]
 log = logging.getLogger("kbpg")
@@ -182,7 +182,7 @@ class KnowledgeBase:
         """The query and document model (KBPG_EMBEDDER unless given), loaded on first use."""
         with self._embedder_lock:
             if self._embedder is None:
-                from kbpg.embedding import get_embedder
+                from kbpg.models.embedders import get_embedder
 
                 embedder = get_embedder(self.settings, self._embedder_name)
                 load = getattr(embedder, "load", None)
@@ -197,7 +197,7 @@ class KnowledgeBase:
         with self._embedder_lock:
             if self._embedder is not None:
                 return self._embedder
-        from kbpg.embedding import get_embedder
+        from kbpg.models.embedders import get_embedder
 
         return get_embedder(self.settings, self._embedder_name)  # the one `embedder` loads
 
@@ -330,7 +330,7 @@ class KnowledgeBase:
         `top` defaults to KBPG_DEFAULT_MAX_CHUNKS; pass a SearchRequest instead of a string to
         reuse a validated request. `cancel` lets another thread stop the call's statement.
         """
-        from kbpg.search import run_search
+        from kbpg.search.run import run_search
 
         if isinstance(query, SearchRequest):
             if options:

@@ -18,12 +18,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kbpg import db as kdb
-from kbpg import queries
 from kbpg.app import KnowledgeBase
 from kbpg.config import DEFAULT_MAX_CHUNKS, Settings
 from kbpg.errors import ConfigError, DatabaseUnavailable, InvalidInput, KbpgError, from_psycopg
-from kbpg.request import check_options, sql_arguments
+from kbpg.search.request import check_options, sql_arguments
+from kbpg.store import db as kdb
+from kbpg.store import queries
 
 ARMS = ("hybrid", "vector", "lexical", "graph", "rerank", "expand")
 DEFAULT_ARMS = ("hybrid", "vector", "lexical")
@@ -36,7 +36,7 @@ DATABASE_PREFIX = "kbpg_eval_"
 log = logging.getLogger("kbpg.evaluate")
 
 if TYPE_CHECKING:
-    from kbpg.embedding import Embedder
+    from kbpg.models.embedders import Embedder
 
 Qrels = Mapping[str, Mapping[str, int]]
 Run = Mapping[str, Sequence[str]]
@@ -349,8 +349,8 @@ def run_stage_arm(
     """`rerank` / `expand`: the hybrid search with that model stage, through the same
     pipeline as `kbpg search` (a stage that fails falls back to the plain order there too,
     so the report counts how many queries it failed on)."""
-    from kbpg.request import SearchRequest
-    from kbpg.search import run_search
+    from kbpg.search.request import SearchRequest
+    from kbpg.search.run import run_search
 
     stage = STAGE_ARMS[arm]
     runs: dict[str, list[str]] = {}
@@ -432,7 +432,7 @@ def ingest_collection(
 ) -> Collection:
     """Ingest the corpus (document source = corpus `_id`) and embed the judged queries;
     `contextual`: with chunk contexts from the chat model (every arm then sees them)."""
-    from kbpg.ingest import Document, ingest_documents
+    from kbpg.ingest.run import Document, ingest_documents
 
     if progress:
         progress(f"ingesting {len(dataset.corpus)} documents into {database_name(eval_url)}")

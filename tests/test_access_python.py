@@ -10,14 +10,14 @@ import psycopg
 import pytest
 
 from kbpg import Retriever
-from kbpg import access as kaccess
 from kbpg.app import Principal
 from kbpg.errors import PermissionDenied
-from kbpg.ingest import ingest_paths
+from kbpg.ingest.run import ingest_paths
+from kbpg.store import access as kaccess
 from tests.accessdata import login_roles, write_files
 
 if TYPE_CHECKING:
-    from kbpg.embedding import Embedder
+    from kbpg.models.embedders import Embedder
 
 QUERY = "salary parking budget permit review"
 
@@ -101,8 +101,8 @@ def test_writer_principal_ingests_a_document_larger_than_a_slice(
 ) -> None:
     """Under row-level security a large document's slices still go through a stage (COPY is
     refused there) and into kb.chunks by an INSERT the policies check."""
-    from kbpg import ingest
-    from kbpg.ingest import Document, ingest_documents
+    from kbpg.ingest import run as ingest
+    from kbpg.ingest.run import Document, ingest_documents
     from tests.test_ingest_loaders import long_text
 
     monkeypatch.setattr(ingest, "SLICE_CHUNKS", 4)

@@ -12,7 +12,6 @@ from psycopg import sql
 
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.config import Settings
-from kbpg.embedding import Embedder
 from kbpg.errors import (
     Busy,
     EmbeddingSpaceMismatch,
@@ -24,6 +23,7 @@ from kbpg.errors import (
     ReadOnlyDatabase,
     SchemaNotMigrated,
 )
+from kbpg.models.embedders import Embedder
 from tests.search_kb import kb_url  # noqa: F401 - fixture
 
 
@@ -188,7 +188,7 @@ def test_writer_lock_is_released_even_from_a_failed_transaction(
     kb_url: str,  # noqa: F811
     embedder: Embedder,
 ) -> None:
-    from kbpg.writer import WRITE_LOCK_KEY, writer
+    from kbpg.ingest.writer import WRITE_LOCK_KEY, writer
 
     with KnowledgeBase(kb_url, embedder, settings=settings(), pool_size=1) as kb:
         with pytest.raises(KbpgError), writer(kb) as conn:

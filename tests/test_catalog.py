@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 from tests.sqldata import vec
 
 FUNCTIONS_SQL = """

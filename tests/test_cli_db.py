@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 from tests.helpers import clean_env, run_kbpg
 
 UNREACHABLE = "postgresql://postgres@/kbpg?host=/nonexistent-kbpg-socket-dir&port=5432"

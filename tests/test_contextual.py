@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from kbpg.contextual import (
+from kbpg.ingest.contextual import (
     CONTEXT_SYSTEM,
     FALLBACK_BATCH,
     context_key,

@@ -10,7 +10,7 @@ import pytest
 from psycopg.adapt import PyFormat, Transformer
 from psycopg.pq import Format
 
-from kbpg.copyformat import binary_text_array, binary_vectors, text_array, use_encoded
+from kbpg.store.copyformat import binary_text_array, binary_vectors, text_array, use_encoded
 
 ARRAYS = [
     [],

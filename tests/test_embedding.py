@@ -8,9 +8,9 @@ import time
 import numpy as np
 import pytest
 
-from kbpg import db as kdb
 from kbpg.config import Settings
-from kbpg.embedding import (
+from kbpg.errors import ConfigError, EmbeddingError
+from kbpg.models.embedders import (
     MINILM_MODEL_NAME,
     Embedder,
     MiniLMEmbedder,
@@ -18,7 +18,7 @@ from kbpg.embedding import (
     get_embedder,
     to_pgvector_literal,
 )
-from kbpg.errors import ConfigError, EmbeddingError
+from kbpg.store import db as kdb
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import run_kbpg
 

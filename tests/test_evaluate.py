@@ -288,7 +288,7 @@ def test_eval_keep_and_table(tiny_dataset: Path, cli_env: dict[str, str], db_url
 def test_eval_drops_database_on_interrupt(tiny_dataset: Path, db_url: str) -> None:
     """Ctrl-C (KeyboardInterrupt) after ingest still drops the throwaway database."""
     from kbpg.config import Settings
-    from kbpg.embedding import get_embedder
+    from kbpg.models.embedders import get_embedder
 
     inner = get_embedder(Settings.from_env())
     messages: list[str] = []

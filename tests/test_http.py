@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kbpg.embedding import Embedder
+from kbpg.models.embedders import Embedder
 from tests.conftest import drop_database
 from tests.helpers import KBPG, run_kbpg
 from tests.http_server import free_port, running_server

@@ -20,9 +20,9 @@ from fastapi.testclient import TestClient
 
 from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
-from kbpg.embedding import Embedder
-from kbpg.guard import allowed_hosts
-from kbpg.http import create_app
+from kbpg.models.embedders import Embedder
+from kbpg.serve.guard import allowed_hosts
+from kbpg.serve.http import create_app
 from tests.helpers import KBPG
 from tests.http_server import free_port, running_server
 from tests.search_kb import DOCS, env_for, kb_url, load_kb  # noqa: F401 - fixtures

@@ -14,8 +14,8 @@ import httpx
 import psycopg
 import pytest
 
-from kbpg.embedding import Embedder
-from kbpg.tokens import hash_token, parse_tokens, token_line
+from kbpg.models.embedders import Embedder
+from kbpg.serve.tokens import hash_token, parse_tokens, token_line
 from tests.conftest import TEMPLATE_DB, create_database, drop_database
 from tests.helpers import KBPG, run_kbpg
 from tests.http_server import free_port, running_server

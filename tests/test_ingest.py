@@ -14,14 +14,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kbpg import db as kdb
 from kbpg.app import KnowledgeBase
-from kbpg.chunking import chunk_sections
-from kbpg.embedding import Embedder, OpenAIEmbedder
 from kbpg.errors import EmbeddingSpaceMismatch
-from kbpg.ingest import MAX_ENTITY_DOCUMENTS, Document, ingest_documents, ingest_paths
-from kbpg.loaders import iter_file
-from kbpg.maintenance import delete_documents, reembed
+from kbpg.ingest.chunking import chunk_sections
+from kbpg.ingest.loaders import iter_file
+from kbpg.ingest.maintenance import delete_documents, reembed
+from kbpg.ingest.run import MAX_ENTITY_DOCUMENTS, Document, ingest_documents, ingest_paths
+from kbpg.models.embedders import Embedder, OpenAIEmbedder
+from kbpg.store import db as kdb
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import KBPG, run_kbpg
 from tests.test_ingest_loaders import long_text, make_pdf
@@ -512,7 +512,7 @@ def test_cli_ingest_reports_broken_file_and_exits_1(
 
 
 def test_discover_recursive_and_glob(tmp_path: Path) -> None:
-    from kbpg.sources import discover
+    from kbpg.ingest.sources import discover
 
     write(tmp_path / "a.md", "a")
     write(tmp_path / "b.txt", "b")

@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 
 from kbpg.app import KnowledgeBase
-from kbpg.chunking import Section, chunk_sections
-from kbpg.embedding import Embedder
 from kbpg.errors import InvalidInput
-from kbpg.ingest import ingest_paths
-from kbpg.limits import MAX_METADATA_BYTES
-from kbpg.loaders import Document, LoadFailure, iter_file
-from kbpg.sources import discover, iter_documents, parse_size, printable
+from kbpg.ingest.chunking import Section, chunk_sections
+from kbpg.ingest.limits import MAX_METADATA_BYTES
+from kbpg.ingest.loaders import Document, LoadFailure, iter_file
+from kbpg.ingest.run import ingest_paths
+from kbpg.ingest.sources import discover, iter_documents, parse_size, printable
+from kbpg.models.embedders import Embedder
 from tests.helpers import KBPG, run_kbpg
 from tests.test_ingest import kb as kb  # the fixture
 from tests.test_ingest import rows
@@ -388,7 +388,7 @@ def test_a_failed_batch_write_retries_documents_one_by_one(db_url: str, kb: Know
     import datetime
     import secrets
 
-    from kbpg.ingest import ingest_documents
+    from kbpg.ingest.run import ingest_documents
 
     long_id = secrets.token_hex(4000)  # 8,000 random characters: no btree index row fits
     docs = [
@@ -425,7 +425,7 @@ def test_ids_taken_ahead_of_the_write_survive_a_retried_batch(
     """Ids come from the tables' sequences before the batch is written (kbpg.batching): a batch
     retried document by document keeps them, chunks chain in reading order, an update keeps its
     document's id, and a row added afterwards by the identity default does not collide."""
-    from kbpg.ingest import ingest_documents
+    from kbpg.ingest.run import ingest_documents
 
     long = Document(source="long", title="Long", text=long_text(900))
     docs = [
@@ -477,7 +477,7 @@ def test_a_second_ingest_says_what_it_waits_for_and_gives_up(
 
     import psycopg
 
-    from kbpg.writer import WRITE_LOCK_KEY
+    from kbpg.ingest.writer import WRITE_LOCK_KEY
 
     (tmp_path / "doc.md").write_text("# Permits\n\nRenew the parking permit online.\n")
     with psycopg.connect(db_url, autocommit=True, application_name="first-writer") as holder:
@@ -515,7 +515,7 @@ def test_every_writer_takes_lock_wait(db_url: str, tmp_path: Path, cli_env: dict
     """`documents delete` and `reembed` take --lock-wait like ingest (over KBPG_WRITE_LOCK_WAIT)."""
     import psycopg
 
-    from kbpg.writer import WRITE_LOCK_KEY
+    from kbpg.ingest.writer import WRITE_LOCK_KEY
 
     (tmp_path / "doc.md").write_text("# Permits\n\nRenew the parking permit online.\n")
     assert run_kbpg("ingest", str(tmp_path), env=cli_env).returncode == 0
@@ -548,8 +548,8 @@ def test_every_writer_takes_lock_wait(db_url: str, tmp_path: Path, cli_env: dict
 
 
 def test_the_cli_batch_size_default_is_the_librarys() -> None:
-    from kbpg.batching import BATCH_DOCUMENTS
     from kbpg.cli.library import ingest
+    from kbpg.ingest.batching import BATCH_DOCUMENTS
 
     defaults = [p.default for p in ingest.params if p.name == "batch_size"]
     assert defaults == [BATCH_DOCUMENTS] == [1024]

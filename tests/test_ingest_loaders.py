@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from kbpg.chunking import Section, chunk_sections
-from kbpg.embedding import Embedder
-from kbpg.entities import extract_entities
-from kbpg.loaders import Document, LoadFailure, iter_file
-from kbpg.records import parse_record
+from kbpg.ingest.chunking import Section, chunk_sections
+from kbpg.ingest.entities import extract_entities
+from kbpg.ingest.loaders import Document, LoadFailure, iter_file
+from kbpg.ingest.records import parse_record
+from kbpg.models.embedders import Embedder
 
 
 def make_pdf(path: Path, pages: list[str], title: str | None = None) -> Path:

@@ -8,14 +8,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from kbpg import ingest
 from kbpg.app import KnowledgeBase
-from kbpg.chunking import chunk_sections
-from kbpg.embedding import Embedder, MiniLMEmbedder, OpenAIEmbedder
 from kbpg.errors import EmbeddingError
-from kbpg.ingest import Document, IngestProgress, ingest_documents, ingest_paths
-from kbpg.loaders import iter_file
-from kbpg.request import SearchRequest
+from kbpg.ingest import run as ingest
+from kbpg.ingest.chunking import chunk_sections
+from kbpg.ingest.loaders import iter_file
+from kbpg.ingest.run import Document, IngestProgress, ingest_documents, ingest_paths
+from kbpg.models.embedders import Embedder, MiniLMEmbedder, OpenAIEmbedder
+from kbpg.search.request import SearchRequest
 from tests.embedding_server import EmbeddingServer
 from tests.test_ingest import kb as kb  # the fixture
 from tests.test_ingest import rows
@@ -172,8 +172,8 @@ def test_a_long_text_is_hashed_piece_by_piece_to_the_same_digest(
 ) -> None:
     """Documents stored before keep their content hash (they are not re-ingested): the digest
     of a text hashed in pieces equals the digest of the whole payload's JSON."""
-    from kbpg import prepare
-    from kbpg.chunking import Link, Section
+    from kbpg.ingest import prepare
+    from kbpg.ingest.chunking import Link, Section
 
     text = 'Quotes " and \\ backslashes,\ttabs,\x01controls\nnewlines, é, 漢字, 🚲 and \u2028.' * 9
     document = Document(

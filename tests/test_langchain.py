@@ -9,9 +9,9 @@ import pydantic
 import pytest
 
 from kbpg.app import KnowledgeBase
-from kbpg.embedding import Embedder
 from kbpg.errors import InvalidInput
 from kbpg.integrations.langchain import KbpgRetriever
+from kbpg.models.embedders import Embedder
 from tests.search_kb import kb_url  # noqa: F401 - fixture
 
 QUESTION = "how do I renew a parking permit"

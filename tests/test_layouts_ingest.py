@@ -11,11 +11,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kbpg import db as kdb
-from kbpg import embedding, indexing
 from kbpg.app import KnowledgeBase
-from kbpg.embedding import Embedder
-from kbpg.ingest import ingest_paths
+from kbpg.ingest.run import ingest_paths
+from kbpg.models import embedders as embedding
+from kbpg.models.embedders import Embedder
+from kbpg.store import db as kdb
+from kbpg.store import indexing
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import run_kbpg
 from tests.test_layouts import executed_plans

@@ -9,7 +9,7 @@ from pathlib import Path
 import psycopg
 from alembic.script import ScriptDirectory
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -13,8 +13,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from kbpg import db as kdb
-from kbpg import indexing
+from kbpg.store import db as kdb
+from kbpg.store import indexing
 from tests.helpers import run_kbpg
 from tests.sqldata import add_chunk, add_doc
 from tests.test_sql_lexical import bm25_statistics, counted_statistics

@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from kbpg.pipeline import SWITCH_S, Ahead
+from kbpg.ingest.pipeline import SWITCH_S, Ahead
 
 
 class Source:

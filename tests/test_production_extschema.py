@@ -11,7 +11,7 @@ from pathlib import Path
 import psycopg
 import pytest
 
-from kbpg.server import _binaries_dir
+from kbpg.store.embedded import _binaries_dir
 from tests.helpers import clean_env, run_kbpg
 from tests.production import REPO
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kbpg import db as kdb
-from kbpg.server import _binaries_dir
+from kbpg.store import db as kdb
+from kbpg.store.embedded import _binaries_dir
 from tests.helpers import clean_env, run_kbpg
 from tests.production import REPO, catalog_differences, catalog_snapshot
 

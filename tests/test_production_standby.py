@@ -19,8 +19,8 @@ import pytest
 
 from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
-from kbpg.db import upgrade
-from kbpg.server import EmbeddedServer
+from kbpg.store.db import upgrade
+from kbpg.store.embedded import EmbeddedServer
 from tests.conftest import with_database
 from tests.helpers import KBPG, clean_env, run_kbpg
 from tests.production import REPO
@@ -217,7 +217,7 @@ def test_serve_searches_on_the_replica(replicated: tuple[str, str], kb_on_primar
 
 def test_read_url_list_keeps_multi_host_urls_whole() -> None:
     from kbpg.config import parse_read_urls
-    from kbpg.replicas import redacted
+    from kbpg.store.replicas import redacted
 
     value = (
         " postgresql://kb@r1,r2:5433/knowledge?target_session_attrs=any , postgres://kb:pw@r3/kb"

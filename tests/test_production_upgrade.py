@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 from tests.helpers import clean_env, run_kbpg
 from tests.production import (
     FROZEN_REVISIONS,

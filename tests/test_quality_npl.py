@@ -11,8 +11,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kbpg import db as kdb
 from kbpg import evaluate as ev
+from kbpg.store import db as kdb
 
 pytestmark = pytest.mark.slow
 
@@ -122,7 +122,7 @@ def _table(results: NplResults) -> list[str]:
 def npl(npl_dir: Path, admin_url: str, request: pytest.FixtureRequest) -> Iterator[NplResults]:
     """One `kbpg eval` of NPL per session with the default embedder, plus the references."""
     from kbpg.config import Settings
-    from kbpg.embedding import get_embedder
+    from kbpg.models.embedders import get_embedder
 
     dataset = ev.load_beir(npl_dir)
     embedder = get_embedder(Settings.from_env())

@@ -13,7 +13,7 @@ from click.testing import CliRunner
 from kbpg.cli import main
 from kbpg.config import Settings
 from kbpg.errors import InvalidInput
-from kbpg.request import OPTIONS, TUNING_OPTIONS, SearchRequest, check_options
+from kbpg.search.request import OPTIONS, TUNING_OPTIONS, SearchRequest, check_options
 
 VALID: list[dict[str, Any]] = [
     {"query": "renew permit"},
@@ -145,7 +145,7 @@ def test_cli_offers_every_option() -> None:
 
 
 def test_http_body_has_every_option() -> None:
-    from kbpg.http import SearchRequest as Body
+    from kbpg.serve.http import SearchRequest as Body
 
     assert set(Body.model_fields) == set(OPTIONS)
     schema = Body.model_json_schema()

@@ -10,11 +10,11 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from kbpg import Retriever
-from kbpg import db as kdb
 from kbpg.config import Settings
-from kbpg.embedding import Embedder
 from kbpg.errors import EmbeddingSpaceMismatch, InvalidInput, SchemaNotMigrated
-from kbpg.search import Chunk, SearchResult, Source, build_context
+from kbpg.models.embedders import Embedder
+from kbpg.search.run import Chunk, SearchResult, Source, build_context
+from kbpg.store import db as kdb
 from tests.search_kb import (  # noqa: F401 - fixtures
     HOSTILE_QUERIES,
     kb_url,
@@ -193,10 +193,10 @@ def test_retriever_from_env_and_close(kb_url: str, monkeypatch: pytest.MonkeyPat
 def test_import_kbpg_is_cheap() -> None:
     code = (
         "import sys, kbpg\n"
-        "assert 'kbpg.search' not in sys.modules\n"
+        "assert 'kbpg.search.run' not in sys.modules\n"
         "assert 'onnxruntime' not in sys.modules and 'psycopg' not in sys.modules\n"
         "from kbpg import Retriever\n"
-        "assert Retriever.__module__ == 'kbpg.search'\n"
+        "assert Retriever.__module__ == 'kbpg.search.run'\n"
         "assert 'onnxruntime' not in sys.modules\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True)

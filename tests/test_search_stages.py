@@ -13,9 +13,9 @@ import pytest
 
 from kbpg.app import KnowledgeBase
 from kbpg.config import ModelSettings, Settings
-from kbpg.embedding import Embedder
 from kbpg.errors import ConfigError
-from kbpg.stages import APPLIED, FAILED, SKIPPED
+from kbpg.models.embedders import Embedder
+from kbpg.search.stages import APPLIED, FAILED, SKIPPED
 from tests.conftest import TEMPLATE_DB, create_database, drop_database
 from tests.helpers import run_kbpg
 from tests.http_server import running_server
@@ -259,7 +259,7 @@ def test_expansion_through_sql_with_real_embeddings(stage_kb, embedder):
     import psycopg
 
     with psycopg.connect(stage_kb) as conn:
-        from kbpg.db import register_types
+        from kbpg.store.db import register_types
 
         register_types(conn)
         question, *paraphrases = embedder.embed_documents([NONSENSE, *PARAPHRASES[NONSENSE]])

@@ -15,9 +15,9 @@ import psutil
 import psycopg
 import pytest
 
-from kbpg import server as server_module
 from kbpg.config import default_home
-from kbpg.server import EmbeddedServer, _shared_buffers_mb
+from kbpg.store import embedded as server_module
+from kbpg.store.embedded import EmbeddedServer, _shared_buffers_mb
 from tests.helpers import clean_env, run_kbpg
 
 
@@ -94,7 +94,7 @@ def test_binaries_in_a_private_directory_are_mirrored_for_the_server(
 def test_owner_killed_leaves_a_usable_server(kbpg_home: Path) -> None:
     """SIGKILL the process that started the server: the next status still answers."""
     code = (
-        "import sys, time; from pathlib import Path; from kbpg.server import EmbeddedServer;"
+        "import sys, time; from pathlib import Path; from kbpg.store.embedded import EmbeddedServer;"
         f"EmbeddedServer(Path({str(kbpg_home)!r})).start(); print('up', flush=True); time.sleep(60)"
     )
     owner = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)

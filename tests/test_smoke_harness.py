@@ -7,7 +7,7 @@ def test_conn_fixture_is_migrated(conn):
 
 
 def test_db_url_fixture_is_migrated(db_url):
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     with kdb.connect(db_url) as c:
         assert kdb.schema_status(c).at_head

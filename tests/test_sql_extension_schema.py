@@ -8,7 +8,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 import psycopg
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 from tests.conftest import drop_database, with_database
 from tests.sqldata import vec
 

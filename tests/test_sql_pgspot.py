@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 
 PGSPOT = str(Path(sys.executable).parent / "pgspot")
 

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from kbpg.models import ApiReranker, ChatClient, LlmReranker, ModelHTTP
-from kbpg.stages import (
+from kbpg.search.stages import (
     APPLIED,
     EXPAND_SYSTEM,
     FAILED,

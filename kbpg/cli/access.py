@@ -31,7 +31,7 @@ def access() -> None:
 @handle_errors
 def access_setup(app: AppContext, reader_role: str | None, writer_role: str | None) -> None:
     """Create (when missing) and grant the NOLOGIN reader and writer roles (needs CREATEROLE)."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
         reader, writer = kaccess.setup(kb, reader_role, writer_role)
@@ -46,7 +46,7 @@ def access_setup(app: AppContext, reader_role: str | None, writer_role: str | No
 @handle_errors
 def access_grant(app: AppContext, role: str, groups: tuple[str, ...]) -> None:
     """Let ROLE (and its members) read GROUPS; takes effect on the next query."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
         new = kaccess.grant(kb, role, groups)
@@ -62,7 +62,7 @@ def access_grant(app: AppContext, role: str, groups: tuple[str, ...]) -> None:
 @handle_errors
 def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bool) -> None:
     """Take GROUPS (or --all) away from ROLE; takes effect on the next query."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     if bool(groups) == every:
         raise click.UsageError("give GROUPS or --all (not both)")
@@ -82,7 +82,7 @@ def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bo
 def access_list(app: AppContext, role: str | None, as_json: bool) -> None:
     """List grants (role, group, granted at); a reader sees its own."""
 
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
         grants = kaccess.list_grants(kb, role)
@@ -115,7 +115,7 @@ def _print_access_status(status: Any, as_json: bool) -> None:
 @handle_errors
 def access_status(app: AppContext, as_json: bool) -> None:
     """Whether access control is enforced, the roles, and what this role may read."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
         status = kaccess.status(kb)
@@ -123,7 +123,7 @@ def access_status(app: AppContext, as_json: bool) -> None:
 
 
 def _set_enforced(app: AppContext, enforced: bool) -> None:
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
         status = kaccess.set_enforced(kb, enforced)

@@ -11,8 +11,8 @@ import click
 
 from kbpg.config import Settings
 from kbpg.errors import KbpgError
-from kbpg.request import Option
-from kbpg.sources import printable
+from kbpg.ingest.sources import printable
+from kbpg.search.request import Option
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
@@ -42,7 +42,7 @@ class AppContext:
     def url(self) -> str:
         """The database URL; starts the embedded server when KBPG_DATABASE_URL is unset."""
         if self._url is None:
-            from kbpg.db import resolve_url
+            from kbpg.store.db import resolve_url
 
             self._url = resolve_url(self.settings)
         return self._url

@@ -17,7 +17,7 @@ from kbpg.cli.common import (
 from kbpg.errors import KbpgError
 
 if TYPE_CHECKING:
-    from kbpg.db import SchemaStatus
+    from kbpg.store.db import SchemaStatus
 
 
 @click.group()
@@ -26,7 +26,7 @@ def db() -> None:
 
 
 def _embedded_server(app: AppContext) -> Any:
-    from kbpg.server import EmbeddedServer
+    from kbpg.store.embedded import EmbeddedServer
 
     if app.settings.database_url:
         raise KbpgError(
@@ -62,7 +62,7 @@ def db_stop(app: AppContext) -> None:
 @handle_errors
 def db_status(app: AppContext) -> None:
     """Show which database kbpg uses, whether it is up, and its schema revision."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     settings = app.settings
     if settings.database_url:
@@ -76,7 +76,7 @@ def db_status(app: AppContext) -> None:
             return
         assert status.url is not None
         url = status.url
-    from kbpg import queries
+    from kbpg.store import queries
 
     with kdb.connect(url) as conn:
         version = conn.execute(queries.SERVER_VERSION).fetchone()
@@ -103,7 +103,7 @@ def db_url(app: AppContext) -> None:
 @handle_errors
 def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
     """Open psql on kbpg's database (extra arguments go to psql)."""
-    from kbpg.server import _binaries_dir
+    from kbpg.store.embedded import _binaries_dir
 
     psql = shutil.which("psql")
     if psql is None and not app.settings.database_url:
@@ -117,7 +117,7 @@ def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
 
 def _schema_status(app: AppContext) -> SchemaStatus:
     """The alembic revision of the database kbpg uses."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     with kdb.connect(app.url) as conn:
         return kdb.schema_status(conn)
@@ -141,7 +141,7 @@ def _schema_status(app: AppContext) -> SchemaStatus:
 @handle_errors
 def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str | None) -> None:
     """Migrate to REVISION (default head) and re-apply the sql/ function files at head."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     if as_sql:
         click.echo(kdb.upgrade_script(revision, vector_schema=vector_schema or "public"), nl=False)
@@ -159,7 +159,7 @@ def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str 
 @handle_errors
 def db_downgrade(app: AppContext, revision: str) -> None:
     """Migrate down to REVISION (`base` removes the kb schema and all its data)."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     kdb.downgrade(app.url, revision)
     status = _schema_status(app)
@@ -181,7 +181,7 @@ def db_current(app: AppContext) -> None:
 @handle_errors
 def db_check(app: AppContext) -> None:
     """Exit 0 when the schema is at head, 1 (with a hint) otherwise."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     with kdb.connect(app.url) as conn:
         status = kdb.require_schema(conn)

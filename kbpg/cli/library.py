@@ -18,7 +18,7 @@ from kbpg.cli.common import (
     print_rows,
 )
 from kbpg.errors import KbpgError
-from kbpg.sources import printable
+from kbpg.ingest.sources import printable
 
 
 class _ProgressLine:
@@ -57,7 +57,7 @@ class _ProgressLine:
 
 
 def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from kbpg.sources import parse_size
+    from kbpg.ingest.sources import parse_size
 
     try:
         return parse_size(str(value))
@@ -153,7 +153,7 @@ def ingest(
     """
     import json
 
-    from kbpg.ingest import ingest_paths
+    from kbpg.ingest.run import ingest_paths
 
     with app.knowledge_base(embedder_name) as kb:
         summary = ingest_paths(
@@ -194,7 +194,7 @@ def documents() -> None:
 def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
     """List documents: source, title, category, groups, chunk count (tab-separated)."""
 
-    from kbpg.maintenance import list_documents
+    from kbpg.ingest.maintenance import list_documents
 
     with app.knowledge_base() as kb:
         docs = list_documents(kb, group=group)
@@ -213,7 +213,7 @@ def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
 @handle_errors
 def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
     """Delete documents (their chunks and edges) by SOURCE; a file path may be relative."""
-    from kbpg.maintenance import delete_documents
+    from kbpg.ingest.maintenance import delete_documents
 
     with app.knowledge_base() as kb:
         deleted, missing = delete_documents(kb, list(sources))
@@ -234,7 +234,7 @@ def stats(app: AppContext, as_json: bool) -> None:
     """Documents, chunks, edges, embedding space, BM25 statistics and index sizes."""
     import json
 
-    from kbpg.maintenance import stats as kb_stats
+    from kbpg.ingest.maintenance import stats as kb_stats
 
     with app.knowledge_base() as kb:
         data = kb_stats(kb)
@@ -284,7 +284,7 @@ def index_command(app: AppContext, layout: str | None) -> None:
     Searches keep using the old index until the new one is built; writers wait. Progress goes
     to stderr.
     """
-    from kbpg.indexing import set_layout
+    from kbpg.store.indexing import set_layout
 
     with app.knowledge_base() as kb, kb.connection(write=True) as conn:
         chosen, seconds = set_layout(
@@ -309,8 +309,8 @@ def _human_bytes(size: int) -> str:
 @handle_errors
 def reembed(app: AppContext, embedder_name: str | None) -> None:
     """Rebuild every vector with another embedding model (one transaction: all or nothing)."""
-    from kbpg.embedding import get_embedder
-    from kbpg.maintenance import reembed as run_reembed
+    from kbpg.ingest.maintenance import reembed as run_reembed
+    from kbpg.models.embedders import get_embedder
 
     embedder = get_embedder(app.settings, embedder_name)
     with app.knowledge_base() as kb:
@@ -333,7 +333,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
     version) with KBPG_CHAT_MODEL, and re-embed those chunks; progress on stderr."""
     import json
 
-    from kbpg.contextual import recontextualize as run
+    from kbpg.ingest.contextual import recontextualize as run
 
     def progress(summary: Any) -> None:
         click.echo(
@@ -362,7 +362,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
 @handle_errors
 def embed(app: AppContext, text: str, embedder_name: str | None) -> None:
     """Print TEXT's query vector as a pgvector literal, for psql: \\set q `kbpg embed '...'`"""
-    from kbpg.embedding import get_embedder, to_pgvector_literal
+    from kbpg.models.embedders import get_embedder, to_pgvector_literal
 
     embedder = get_embedder(app.settings, embedder_name)
     click.echo(to_pgvector_literal(embedder.embed_query(text)))

@@ -11,8 +11,8 @@ from pydantic import ConfigDict, Field, field_validator
 
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.errors import InvalidInput
-from kbpg.request import SearchRequest
-from kbpg.search import Chunk
+from kbpg.search.request import SearchRequest
+from kbpg.search.run import Chunk
 
 __all__ = ["KbpgRetriever", "chunk_document"]
 

@@ -8,9 +8,9 @@ from dataclasses import asdict, dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
-from kbpg import db as kdb
-from kbpg import queries
 from kbpg.errors import PermissionDenied
+from kbpg.store import db as kdb
+from kbpg.store import queries
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase, Principal

@@ -25,7 +25,7 @@ MINILM_MODEL_NAME = "all-MiniLM-L6-v2"
 MINILM_DIMENSION = 384
 # sentence-transformers' max_seq_length for all-MiniLM-L6-v2, [CLS] and [SEP] included.
 MINILM_MAX_TOKENS = 256
-_TOKENIZER_PATH = Path(__file__).resolve().parent / "_model" / "tokenizer.json"
+_TOKENIZER_PATH = Path(__file__).resolve().parent / "_minilm" / "tokenizer.json"
 
 
 @runtime_checkable

@@ -16,12 +16,12 @@ from pydantic import Field
 
 from kbpg import __version__
 from kbpg.errors import KbpgError
-from kbpg.request import OPTIONS, SearchRequest
+from kbpg.search.request import OPTIONS, SearchRequest
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
     from kbpg.config import Settings
-    from kbpg.embedding import Embedder
+    from kbpg.models.embedders import Embedder
 
 log = logging.getLogger("kbpg.mcp")
 
@@ -79,14 +79,14 @@ class KnowledgeBaseTools:
         )
 
     def documents(self, group: str | None) -> CallToolResult:
-        from kbpg.maintenance import list_documents
+        from kbpg.ingest.maintenance import list_documents
 
         with _tool_errors():
             rows = [d.as_dict() for d in list_documents(self.knowledge_base(), group=group)]
         return _json_result({"documents": rows})
 
     def document(self, source: str) -> CallToolResult:
-        from kbpg.maintenance import document_chunks
+        from kbpg.ingest.maintenance import document_chunks
 
         with _tool_errors():
             document = document_chunks(self.knowledge_base(), source)
@@ -177,7 +177,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
 
 def serve(settings: Settings, embedder_name: str | None = None) -> None:
     """Load the model, then answer MCP requests on stdin/stdout until the client closes."""
-    from kbpg.embedding import get_embedder
+    from kbpg.models.embedders import get_embedder
 
     embedder = get_embedder(settings, embedder_name)
     load = getattr(embedder, "load", None)

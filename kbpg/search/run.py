@@ -13,14 +13,14 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.rows import dict_row
 
-from kbpg import queries
 from kbpg.app import Cancellation, KnowledgeBase, Principal
 from kbpg.errors import EmbeddingSpaceMismatch
-from kbpg.request import SearchRequest, sql_types, validate_query
-from kbpg.stages import StageReport, cap_and_cut, paraphrases, rerank_order
+from kbpg.search.request import SearchRequest, sql_types, validate_query
+from kbpg.search.stages import StageReport, cap_and_cut, paraphrases, rerank_order
+from kbpg.store import queries
 
 if TYPE_CHECKING:
-    from kbpg.embedding import Embedder, FloatArray
+    from kbpg.models.embedders import Embedder, FloatArray
 
 __all__ = [
     "Chunk",

@@ -15,10 +15,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from kbpg import queries
 from kbpg.errors import ModelError
 from kbpg.models.parsing import parse_json_array
 from kbpg.models.rerank import document_text, full_order
+from kbpg.store import queries
 
 if TYPE_CHECKING:
     import psycopg

@@ -9,20 +9,20 @@ from typing import Any
 
 import numpy as np
 
-from kbpg import queries
 from kbpg.app import Connection, KnowledgeBase, Principal
-from kbpg.contextual import ContextTally, contexts_for_document
-from kbpg.embedding import Embedder
 from kbpg.errors import IngestError, InvalidInput
-from kbpg.loaders import Document, LoadFailure
-from kbpg.models.chat import ChatClient
-from kbpg.prepare import (
+from kbpg.ingest.contextual import ContextTally, contexts_for_document
+from kbpg.ingest.loaders import Document, LoadFailure
+from kbpg.ingest.prepare import (
     PreparedDocument,
     chunk_entities,
     content_hash,
     document_vectors,
     prepare_document,
 )
+from kbpg.models.chat import ChatClient
+from kbpg.models.embedders import Embedder
+from kbpg.store import queries
 
 # One transaction per batch of whole documents; a kill loses at most the batch in flight. A batch
 # closes at BATCH_CHARS of text first unless its documents are small (under ~400 characters, e.g.

@@ -13,9 +13,9 @@ from urllib.parse import unquote, urlsplit
 import numpy as np
 import numpy.typing as npt
 
-from kbpg.chunking import Link, Section
 from kbpg.errors import IngestError
-from kbpg.limits import (
+from kbpg.ingest.chunking import Link, Section
+from kbpg.ingest.limits import (
     BINARY_SNIFF_BYTES,
     DEFAULT_MAX_FILE_BYTES,
     MAX_METADATA_BYTES,
@@ -500,7 +500,7 @@ def iter_file(
     loader raises is this file's failure, never the end of the run."""
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        from kbpg.records import iter_jsonl  # kbpg.records builds on this module
+        from kbpg.ingest.records import iter_jsonl  # kbpg.records builds on this module
 
         yield from iter_jsonl(path, max_bytes)
         return

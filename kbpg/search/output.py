@@ -7,7 +7,7 @@ from typing import Any
 
 import toon_format
 
-from kbpg.search import SearchResult
+from kbpg.search.run import SearchResult
 
 PREVIEW_CHARS = 80
 

@@ -9,16 +9,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from kbpg import db as kdb
-from kbpg import queries
 from kbpg.app import KnowledgeBase, Principal
-from kbpg.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
-from kbpg.contextual import with_context
-from kbpg.embedding import Embedder
-from kbpg.entities import refresh_edges
 from kbpg.errors import InvalidInput, NotFound
-from kbpg.ingest import IngestProgress, IngestSummary, ProgressCallback
-from kbpg.writer import writer
+from kbpg.ingest.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
+from kbpg.ingest.contextual import with_context
+from kbpg.ingest.entities import refresh_edges
+from kbpg.ingest.run import IngestProgress, IngestSummary, ProgressCallback
+from kbpg.ingest.writer import writer
+from kbpg.models.embedders import Embedder
+from kbpg.store import db as kdb
+from kbpg.store import queries
 
 
 @dataclass(frozen=True)

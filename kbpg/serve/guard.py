@@ -11,7 +11,7 @@ import logging
 from collections.abc import Awaitable, Callable, Iterable, MutableMapping
 from typing import Any
 
-from kbpg.tokens import Tokens
+from kbpg.serve.tokens import Tokens
 
 _log = logging.getLogger("uvicorn.error")
 

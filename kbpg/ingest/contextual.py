@@ -19,8 +19,8 @@ from kbpg.models.parsing import parse_json_array
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase, Principal
-    from kbpg.embedding import Embedder
     from kbpg.models.chat import ChatClient
+    from kbpg.models.embedders import Embedder
 
 PROMPT_VERSION = 1
 # The document as the model sees it: enough to say what it is about, bounded so that one
@@ -225,9 +225,9 @@ def recontextualize(
     model, and re-embed those chunks; one transaction a document. `dry_run` only counts."""
     import time
 
-    from kbpg import queries
-    from kbpg.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
-    from kbpg.writer import writer
+    from kbpg.ingest.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
+    from kbpg.ingest.writer import writer
+    from kbpg.store import queries
 
     started = time.perf_counter()
     summary = RecontextSummary()

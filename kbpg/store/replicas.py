@@ -13,8 +13,8 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
-from kbpg import db as kdb
 from kbpg.errors import KbpgError
+from kbpg.store import db as kdb
 
 log = logging.getLogger("kbpg.replicas")
 

@@ -22,7 +22,7 @@ from kbpg.errors import (
 
 VERSION_TABLE = "kbpg_alembic_version"
 CONNECT_TIMEOUT_S = 5
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # kbpg/
 
 
 def _resource_dir(packaged: str, source: str) -> Path:
@@ -48,7 +48,7 @@ def resolve_url(settings: Settings) -> str:
     """KBPG_DATABASE_URL when set, else the embedded server (started if needed)."""
     if settings.database_url:
         return settings.database_url
-    from kbpg.server import EmbeddedServer
+    from kbpg.store.embedded import EmbeddedServer
 
     return EmbeddedServer(settings.home).start()
 

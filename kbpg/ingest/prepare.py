@@ -12,12 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from kbpg.chunking import Chunk, chunk_sections
-from kbpg.contextual import with_context
-from kbpg.embedding import Embedder
-from kbpg.entities import extract_entities
 from kbpg.errors import IngestError
-from kbpg.loaders import Document
+from kbpg.ingest.chunking import Chunk, chunk_sections
+from kbpg.ingest.contextual import with_context
+from kbpg.ingest.entities import extract_entities
+from kbpg.ingest.loaders import Document
+from kbpg.models.embedders import Embedder
 
 # Bump when chunking or entity extraction changes: every document is then re-ingested.
 PIPELINE_VERSION = 1

@@ -15,24 +15,24 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from kbpg import db as kdb
-from kbpg import indexing, queries
 from kbpg.app import Connection, KnowledgeBase, Principal
-from kbpg.batching import BATCH_DOCUMENTS, BatchPreparer, PreparedBatch
-from kbpg.contextual import ContextTally
-from kbpg.embedding import Embedder
-from kbpg.entities import MAX_ENTITY_DOCUMENTS, refresh_edges
 from kbpg.errors import InvalidInput
-from kbpg.limits import DEFAULT_MAX_FILE_BYTES
-from kbpg.loaders import Document, LoadFailure
-from kbpg.models.chat import ChatClient
-from kbpg.pipeline import Ahead
-from kbpg.prepare import (
+from kbpg.ingest.batching import BATCH_DOCUMENTS, BatchPreparer, PreparedBatch
+from kbpg.ingest.contextual import ContextTally
+from kbpg.ingest.entities import MAX_ENTITY_DOCUMENTS, refresh_edges
+from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES
+from kbpg.ingest.loaders import Document, LoadFailure
+from kbpg.ingest.pipeline import Ahead
+from kbpg.ingest.prepare import (
     PreparedDocument,
     embed_texts,
 )
-from kbpg.sources import discover, iter_documents
-from kbpg.writer import copy_chunk_rows, copy_rows, write_documents, write_relations, writer
+from kbpg.ingest.sources import discover, iter_documents
+from kbpg.ingest.writer import copy_chunk_rows, copy_rows, write_documents, write_relations, writer
+from kbpg.models.chat import ChatClient
+from kbpg.models.embedders import Embedder
+from kbpg.store import db as kdb
+from kbpg.store import indexing, queries
 
 _log = logging.getLogger(__name__)
 

@@ -13,13 +13,13 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from kbpg import db as kdb
-from kbpg import queries
 from kbpg.app import Connection, KnowledgeBase, Principal
-from kbpg.copyformat import binary_text_array, binary_vectors, text_array, use_encoded
 from kbpg.errors import Busy
-from kbpg.prepare import PreparedDocument, entities_of
-from kbpg.sources import printable
+from kbpg.ingest.prepare import PreparedDocument, entities_of
+from kbpg.ingest.sources import printable
+from kbpg.store import db as kdb
+from kbpg.store import queries
+from kbpg.store.copyformat import binary_text_array, binary_vectors, text_array, use_encoded
 
 _log = logging.getLogger("kbpg.ingest")
 

@@ -12,8 +12,8 @@ from typing import Any
 
 import psycopg
 
-from kbpg import db as kdb
-from kbpg import queries
+from kbpg.store import db as kdb
+from kbpg.store import queries
 
 LAYOUTS = ("vector", "halfvec", "binary")
 INDEX_NAMES = ("chunks_embedding_hnsw", "chunks_embedding_hnsw_new")

@@ -17,7 +17,6 @@ from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 
-from kbpg import request as search_request
 from kbpg.app import Cancellation, KnowledgeBase, Principal
 from kbpg.config import Settings
 from kbpg.errors import (
@@ -34,10 +33,11 @@ from kbpg.errors import (
     SchemaNotMigrated,
     StageUnavailable,
 )
-from kbpg.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
-from kbpg.search import Chunk, SearchResult, Source
-from kbpg.stages import StageReport
-from kbpg.tokens import Tokens
+from kbpg.search import request as search_request
+from kbpg.search.run import Chunk, SearchResult, Source
+from kbpg.search.stages import StageReport
+from kbpg.serve.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
+from kbpg.serve.tokens import Tokens
 
 _log = logging.getLogger("uvicorn.error")
 

@@ -10,8 +10,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from kbpg.errors import IngestError, InvalidInput
-from kbpg.limits import DEFAULT_MAX_FILE_BYTES, check_name
-from kbpg.loaders import SUPPORTED_SUFFIXES, Document, LoadFailure, iter_file
+from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_name
+from kbpg.ingest.loaders import SUPPORTED_SUFFIXES, Document, LoadFailure, iter_file
 
 __all__ = ["discover", "iter_documents", "parse_size", "printable"]
 

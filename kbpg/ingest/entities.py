@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 
-from kbpg import queries
+from kbpg.store import queries
 
 # Edge weights in [0, 1]: an explicit link is the author's own pointer; an entity edge is
 # stronger the fewer documents share the entity (and none past MAX_ENTITY_DOCUMENTS).
