@@ -58,7 +58,7 @@ def main() -> None:
     with ModelServer() as server, throwaway_database(url) as bench_url:
         models = ModelSettings(rerank="tei", rerank_url=server.tei_url, retries=0)
         with KnowledgeBase(bench_url, settings=replace(settings, models=models), pool_size=1) as kb:
-            summary = ingest_paths(kb, [ROOT / "samples" / "kb"], recursive=True)
+            summary = ingest_paths(kb.db, kb.models, [ROOT / "samples" / "kb"], recursive=True)
             print(f"demo KB: {summary.documents} documents, {summary.chunks} chunks", flush=True)
             for query in QUERIES:  # warm the model, the caches and the plans
                 kb.search(query, top=args.top, rerank=False)

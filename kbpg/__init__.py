@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from kbpg.app import KnowledgeBase, Principal
+    from kbpg.app import KnowledgeBase, Principal, Retriever
     from kbpg.search.request import SearchRequest
-    from kbpg.search.run import Chunk, Retriever, SearchResult, Source
+    from kbpg.search.results import Chunk, SearchResult, Source
 
 __all__ = [
     "Chunk",
@@ -24,13 +24,13 @@ __all__ = [
 
 # Imported on first use, so that `import kbpg` (and the CLI's start) stays cheap.
 _LAZY = {
-    "Chunk": "kbpg.search.run",
+    "Chunk": "kbpg.search.results",
     "KnowledgeBase": "kbpg.app",
     "Principal": "kbpg.app",
-    "Retriever": "kbpg.search.run",
+    "Retriever": "kbpg.app",
     "SearchRequest": "kbpg.search.request",
-    "SearchResult": "kbpg.search.run",
-    "Source": "kbpg.search.run",
+    "SearchResult": "kbpg.search.results",
+    "Source": "kbpg.search.results",
 }
 
 

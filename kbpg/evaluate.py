@@ -361,7 +361,7 @@ def run_stage_arm(
             # this arm's stage alone, whatever the settings turn on by default
             only = {name: name == stage for name in STAGE_ARMS.values()}
             request = SearchRequest(text, **{**options, **only, "top": match_count})
-            result = run_search(kb, request)
+            result = run_search(kb.db, kb.models, request)
             failed += any(s.status == "failed" for s in result.stages)
             found += [chunk.source for chunk in result.chunks]
         runs[qid] = first_occurrences(found, cutoffs.depth)
@@ -440,7 +440,8 @@ def ingest_collection(
     documents = [Document(source=d.id, title=d.title, text=d.text) for d in dataset.corpus]
     with KnowledgeBase(eval_url, embedder, settings=settings, pool_size=1) as kb:
         ingest_documents(
-            kb,
+            kb.db,
+            kb.models,
             documents,
             progress=(
                 (lambda p: progress(f"ingested {p.documents} documents, {p.chunks} chunks"))

@@ -34,15 +34,15 @@ def kb(
         Retriever(db_url, embedder=embedder, pool_size=2) as retriever,
     ):
         for folder, groups in (("public", ()), ("hr", ("hr",)), ("finance", ("finance",))):
-            ingest_paths(retriever, [tmp_path / folder], groups=groups)
+            ingest_paths(retriever.db, retriever.models, [tmp_path / folder], groups=groups)
         with psycopg.connect(db_url, autocommit=True) as conn:
             reader, writer = conn.execute(
                 "select reader_role, writer_role from kb.access_settings"
             ).fetchone() or ("", "")
             conn.execute(f'grant "{reader}" to "{roles["alice"]}", "{roles["bob"]}"')
             conn.execute(f'grant "{writer}" to "{roles["walt"]}"')
-        kaccess.grant(retriever, roles["alice"], ["hr"])
-        kaccess.grant(retriever, roles["bob"], ["finance"])
+        kaccess.grant(retriever.db, roles["alice"], ["hr"])
+        kaccess.grant(retriever.db, roles["bob"], ["finance"])
         yield retriever, {name: Principal(role) for name, role in roles.items()}
 
 
@@ -54,7 +54,7 @@ def test_each_principal_sees_its_groups(kb: tuple[Retriever, dict[str, Principal
     retriever, who = kb
     everything = {"parking.md", "salary.md", "budget.md"}
     assert files(retriever.search(QUERY, top=10, principal=who["alice"])) == everything
-    status = kaccess.set_enforced(retriever, True)
+    status = kaccess.set_enforced(retriever.db, True)
     assert status.enforced and status.tables_enforced == status.tables_total == 4
 
     alice = retriever.search(QUERY, top=10, principal=who["alice"])
@@ -69,12 +69,14 @@ def test_each_principal_sees_its_groups(kb: tuple[Retriever, dict[str, Principal
     # a group the principal may not read: nothing from it, no error
     assert retriever.search(QUERY, top=10, groups=["finance"], principal=who["alice"]).chunks == ()
 
-    assert kaccess.status(retriever, who["alice"]).visible_groups == ["hr"]
-    assert kaccess.list_grants(retriever, principal=who["alice"]) == [
-        kaccess.Grant(who["alice"].role or "", "hr", kaccess.list_grants(retriever)[0].granted_at)
+    assert kaccess.status(retriever.db, who["alice"]).visible_groups == ["hr"]
+    assert kaccess.list_grants(retriever.db, principal=who["alice"]) == [
+        kaccess.Grant(
+            who["alice"].role or "", "hr", kaccess.list_grants(retriever.db)[0].granted_at
+        )
     ]
 
-    kaccess.revoke(retriever, who["alice"].role or "", ["hr"])
+    kaccess.revoke(retriever.db, who["alice"].role or "", ["hr"])
     assert files(retriever.search(QUERY, top=10, principal=who["alice"])) == {"parking.md"}
 
 
@@ -82,13 +84,13 @@ def test_writer_principal_ingests_and_sees_every_group(
     kb: tuple[Retriever, dict[str, Principal]], tmp_path: Path
 ) -> None:
     retriever, who = kb
-    kaccess.set_enforced(retriever, True)
+    kaccess.set_enforced(retriever.db, True)
     legal = tmp_path / "legal"
     legal.mkdir()
     (legal / "contract.md").write_text(
         "# Contract\n\nThe parking contract and its salary clause.\n"
     )
-    ingest_paths(retriever, [legal], groups=["legal"], principal=who["walt"])
+    ingest_paths(retriever.db, retriever.models, [legal], groups=["legal"], principal=who["walt"])
     seen = files(retriever.search(QUERY + " contract", top=10, principal=who["walt"]))
     assert seen == {"parking.md", "salary.md", "budget.md", "contract.md"}
     assert "contract.md" not in files(
@@ -107,10 +109,10 @@ def test_writer_principal_ingests_a_document_larger_than_a_slice(
 
     monkeypatch.setattr(ingest, "SLICE_CHUNKS", 4)
     retriever, who = kb
-    kaccess.set_enforced(retriever, True)
+    kaccess.set_enforced(retriever.db, True)
     text = long_text(1200) + "\n\nZebra clause."
     handbook = Document(source="handbook.md", title="Handbook", text=text, groups=["legal"])
-    summary = ingest_documents(retriever, [handbook], principal=who["walt"])
+    summary = ingest_documents(retriever.db, retriever.models, [handbook], principal=who["walt"])
     assert (summary.added, summary.failed) == (1, 0)
     assert summary.chunks > 8
     with psycopg.connect(retriever.url) as conn:
@@ -134,12 +136,14 @@ def test_writer_principal_loads_a_collection_larger_than_the_knowledge_base(
     from tests.test_ingest_loaders import long_text
 
     retriever, who = kb
-    kaccess.set_enforced(retriever, True)
+    kaccess.set_enforced(retriever.db, True)
     bulk = tmp_path / "bulk"
     bulk.mkdir()
     for i in range(6):
         (bulk / f"part{i}.md").write_text(f"# Part {i}\n\n" + long_text(900) + f" walrus{i}\n")
-    summary = ingest_paths(retriever, [bulk], groups=["legal"], principal=who["walt"])
+    summary = ingest_paths(
+        retriever.db, retriever.models, [bulk], groups=["legal"], principal=who["walt"]
+    )
     assert (summary.added, summary.failed) == (6, 0)
     with psycopg.connect(retriever.url) as conn:
         counts = conn.execute(
@@ -159,8 +163,8 @@ def test_readers_get_permission_errors_with_a_hint(
 ) -> None:
     retriever, who = kb
     with pytest.raises(PermissionDenied) as info:
-        kaccess.set_enforced(retriever, True, principal=who["alice"])
+        kaccess.set_enforced(retriever.db, True, principal=who["alice"])
     assert info.value.hint and "owner of the kb tables" in info.value.hint
     with pytest.raises(PermissionDenied) as info:
-        kaccess.grant(retriever, who["alice"].role or "", ["finance"], principal=who["alice"])
+        kaccess.grant(retriever.db, who["alice"].role or "", ["finance"], principal=who["alice"])
     assert info.value.hint == kaccess._GRANT_HINT

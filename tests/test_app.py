@@ -191,12 +191,12 @@ def test_writer_lock_is_released_even_from_a_failed_transaction(
     from kbpg.ingest.writer import WRITE_LOCK_KEY, writer
 
     with KnowledgeBase(kb_url, embedder, settings=settings(), pool_size=1) as kb:
-        with pytest.raises(KbpgError), writer(kb) as conn:
+        with pytest.raises(KbpgError), writer(kb.db) as conn:
             conn.execute("begin")  # a job that left its transaction open and failed in it
             conn.execute("select 1 / 0")
         with kb.session(write=True) as conn:  # the lock is free: waiting would time out
             conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))
-        with writer(kb):
+        with writer(kb.db):
             pass
         with kb.session(write=True) as conn:
             conn.execute("select pg_advisory_xact_lock(%s)", (WRITE_LOCK_KEY,))

@@ -141,7 +141,8 @@ def test_ingest_every_format_with_filters(
 ) -> None:
     files = make_kb(tmp_path / "kb")
     summary = ingest_paths(
-        kb,
+        kb.db,
+        kb.models,
         [tmp_path / "kb"],
         embedder,
         recursive=True,
@@ -196,9 +197,9 @@ def test_reingest_unchanged_writes_nothing(
     db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     make_kb(tmp_path / "kb")
-    first = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    first = ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     before = snapshot(db_url)
-    again = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True, prune=True)
+    again = ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True, prune=True)
     assert (again.added, again.updated, again.unchanged, again.removed) == (0, 0, first.added, 0)
     assert again.chunks == 0 and again.embed_s < 0.05
     assert snapshot(db_url) == before
@@ -208,7 +209,7 @@ def test_changed_document_is_replaced_others_untouched(
     db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     files = make_kb(tmp_path / "kb")
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     before = snapshot(db_url)
     renew = str(files["renew"].resolve())
     (old_id,) = rows(db_url, "select id from kb.documents where source = %s", (renew,))[0]
@@ -218,7 +219,7 @@ def test_changed_document_is_replaced_others_untouched(
     files["renew"].write_text(
         "# Renewing a permit\n\n## Renew online\n\nNow only online, via the app.\n"
     )
-    summary = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    summary = ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     assert (summary.added, summary.updated, summary.unchanged) == (0, 1, 6)
     after = rows(
         db_url,
@@ -249,10 +250,12 @@ def test_prune_removes_documents_whose_files_are_gone(
 ) -> None:
     files = make_kb(tmp_path / "kb")
     other = write(tmp_path / "elsewhere" / "keep.md", "# Keep\n\nOutside the pruned path.\n")
-    ingest_paths(kb, [tmp_path / "kb", other], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb", other], embedder, recursive=True)
     files["hours"].unlink()
     files["guide"].unlink()
-    summary = ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True, prune=True)
+    summary = ingest_paths(
+        kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True, prune=True
+    )
     assert summary.removed == 2
     sources = {r[0] for r in rows(db_url, "select source from kb.documents")}
     assert str(files["hours"].resolve()) not in sources
@@ -267,11 +270,12 @@ def test_ingest_documents_bulk_api_with_prune(
     docs = [
         Document(source=f"doc-{i}", title=f"Title {i}", text=f"Text number {i}.") for i in range(30)
     ]
-    summary = ingest_documents(kb, docs, embedder)
+    summary = ingest_documents(kb.db, kb.models, docs, embedder)
     assert (summary.added, summary.chunks) == (30, 30)
     progress: list[Any] = []
     summary = ingest_documents(
-        kb,
+        kb.db,
+        kb.models,
         [*docs[:10], Document("doc-0", "dup", "dup"), Document("new", "", "fresh text")],
         embedder,
         prune=True,
@@ -299,7 +303,7 @@ def test_edges_of_each_kind(
     # an entity in more than MAX_ENTITY_DOCUMENTS documents is too common to link anything
     for i in range(MAX_ENTITY_DOCUMENTS + 1):
         write(tmp_path / "kb" / "common" / f"c{i}.md", f"# Common {i}\n\nForm XYZ-999 is used.\n")
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
 
     edges = rows(
         db_url,
@@ -329,7 +333,7 @@ def test_edges_of_each_kind(
     assert not any("common" in a or "common" in b for a, b in entities)
 
     write(tmp_path / "kb" / "future.md", "# Future\n\nNow it exists.\n")
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     future_links = rows(
         db_url,
         "select count(*) from kb.edges e join kb.chunks d on d.id = e.dst_chunk_id "
@@ -343,17 +347,17 @@ def test_bm25_stats_exact_after_ingests_updates_and_deletes(
     db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     files = make_kb(tmp_path / "kb")
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     assert_bm25_stats_exact(db_url)
     files["renew"].write_text("# Renewing\n\nShorter text now, renewal renewal renewal.\n")
     files["hours"].write_text("Open 10 to 4.\n\nClosed on holidays and weekends.\n")
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     assert_bm25_stats_exact(db_url)
-    deleted, missing = delete_documents(kb, [str(files["permits"]), "rec-1", "nope"])
+    deleted, missing = delete_documents(kb.db, [str(files["permits"]), "rec-1", "nope"])
     assert deleted == [str(files["permits"].resolve()), "rec-1"] and missing == ["nope"]
     assert_bm25_stats_exact(db_url)
     files["guide"].unlink()
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True, prune=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True, prune=True)
     assert_bm25_stats_exact(db_url)
     # the two deleted documents still have their files: the last run added them back
     assert rows(db_url, "select count(*) from kb.documents") == [(6,)]
@@ -370,7 +374,7 @@ def test_wrong_model_is_refused_with_reembed_hint(
         conn.execute("select kb.set_embedding_space('other-model', 768)")
         conn.commit()
     with pytest.raises(EmbeddingSpaceMismatch) as info:
-        ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+        ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     assert "kbpg reembed" in (info.value.hint or "")
     result = run_kbpg("ingest", str(tmp_path / "kb"), "--recursive", env=cli_env)
     assert result.returncode == 1
@@ -384,11 +388,11 @@ def test_reembed_switches_the_space_and_rebuilds_every_vector(
     db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
 ) -> None:
     make_kb(tmp_path / "kb")
-    ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     old = dict(rows(db_url, "select id, embedding from kb.chunks"))
     with EmbeddingServer(embedder, model="minilm-over-http") as server:  # type: ignore[arg-type]
         other = OpenAIEmbedder(server.base_url, "minilm-over-http")
-        summary = reembed(kb, other)
+        summary = reembed(kb.db, other)
     assert summary.chunks == len(old)
     assert rows(db_url, "select model, dimension from kb.embedding_space") == [
         ("minilm-over-http", 384)
@@ -401,7 +405,7 @@ def test_reembed_switches_the_space_and_rebuilds_every_vector(
         db_url, "select count(*) from pg_indexes where indexname = 'chunks_embedding_hnsw'"
     ) == [(1,)]
     with pytest.raises(EmbeddingSpaceMismatch):
-        ingest_paths(kb, [tmp_path / "kb"], embedder, recursive=True)
+        ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
     assert_bm25_stats_exact(db_url)
 
 
@@ -447,7 +451,7 @@ def test_killed_ingest_leaves_no_half_document(
     assert all(o == list(range(len(o))) and missing == 0 for _, o, missing in ordinals)
     assert_bm25_stats_exact(db_url)
     # the next run completes the job and keeps what was already there
-    summary = ingest_paths(kb, [root], embedder)
+    summary = ingest_paths(kb.db, kb.models, [root], embedder)
     assert (summary.added, summary.unchanged, summary.updated) == (
         len(paths) - len(present),
         len(present),

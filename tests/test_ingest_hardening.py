@@ -12,8 +12,9 @@ import pytest
 from kbpg.app import KnowledgeBase
 from kbpg.errors import InvalidInput
 from kbpg.ingest.chunking import Section, chunk_sections
+from kbpg.ingest.document import Document, LoadFailure
 from kbpg.ingest.limits import MAX_METADATA_BYTES
-from kbpg.ingest.loaders import Document, LoadFailure, iter_file
+from kbpg.ingest.loaders import iter_file
 from kbpg.ingest.run import ingest_paths
 from kbpg.ingest.sources import discover, iter_documents, parse_size, printable
 from kbpg.models.embedders import Embedder
@@ -284,7 +285,7 @@ def test_hostile_folder_ingests_every_good_record(
     outside.write_text("NAME=secret\n")
     root = tmp_path / "kb"
     hostile_folder(root, outside)
-    summary = ingest_paths(kb, [root], recursive=True)
+    summary = ingest_paths(kb.db, kb.models, [root], recursive=True)
     records = root / "records.jsonl"
     assert {f.where for f in summary.failures} == {
         *(f"{records}:{n}" for n in (2, 3, 4, 7, 8, 9)),
@@ -403,7 +404,7 @@ def test_a_failed_batch_write_retries_documents_one_by_one(db_url: str, kb: Know
         ),
         Document(source="good-2", title="Bins", text="Bins are collected on Mondays."),
     ]
-    summary = ingest_documents(kb, docs, batch_documents=10)
+    summary = ingest_documents(kb.db, kb.models, docs, batch_documents=10)
     assert (summary.added, summary.failed) == (2, 3)
     reasons = {f.where: f.reason for f in summary.failures}
     assert reasons[long_id].startswith("not stored: index row size")
@@ -433,7 +434,7 @@ def test_ids_taken_ahead_of_the_write_survive_a_retried_batch(
         Document(source="nul-group", title="G", text="Group with NUL.", groups=["a\x00"]),
         Document(source="short", title="Bins", text="Bins are collected on Mondays."),
     ]
-    summary = ingest_documents(kb, docs, batch_documents=10)
+    summary = ingest_documents(kb.db, kb.models, docs, batch_documents=10)
     assert (summary.added, summary.failed) == (2, 1)
     stored = rows(
         db_url,
@@ -455,7 +456,7 @@ def test_ids_taken_ahead_of_the_write_survive_a_retried_batch(
     assert chain == list(zip(stored[0][2], stored[0][2][1:], strict=False))
 
     changed = Document(source="long", title="Long", text=long_text(400))
-    assert ingest_documents(kb, [changed]).updated == 1
+    assert ingest_documents(kb.db, kb.models, [changed]).updated == 1
     again = rows(
         db_url,
         "select id, (select min(id) from kb.chunks c where c.document_id = d.id)"

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 from kbpg.ingest.chunking import Section, chunk_sections
+from kbpg.ingest.document import Document, LoadFailure
 from kbpg.ingest.entities import extract_entities
-from kbpg.ingest.loaders import Document, LoadFailure, iter_file
+from kbpg.ingest.loaders import iter_file
 from kbpg.ingest.records import parse_record
 from kbpg.models.embedders import Embedder
 

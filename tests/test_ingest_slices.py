@@ -54,7 +54,7 @@ def test_a_document_larger_than_a_slice_is_stored_whole_and_searchable(
     assert n > 3 * SLICE  # several slices, the last one partial or not
     seen: list[int] = []
 
-    summary = ingest_paths(kb, [tmp_path], progress=lambda p: seen.append(p.chunks))
+    summary = ingest_paths(kb.db, kb.models, [tmp_path], progress=lambda p: seen.append(p.chunks))
 
     assert (summary.added, summary.failed, summary.failures) == (2, 0, [])
     assert summary.chunks == sum(expected.values())
@@ -113,7 +113,7 @@ def test_a_failure_in_a_later_slice_leaves_the_stored_version_untouched(
     """The database refuses a chunk of the third slice: the slices already copied roll back,
     the previous version of the document stays as it was, the run goes on."""
     old = Document(source="handbook", title="Handbook", text="Renew the permit online.")
-    ingest_documents(kb, [old])
+    ingest_documents(kb.db, kb.models, [old])
     before = rows(db_url, "select id, ordinal, content from kb.chunks order by id")
     text = long_text(1500) + "\n\nA last paragraph with a NUL \x00 character."
     new = Document(source="handbook", title="Handbook", text=text)
@@ -122,7 +122,9 @@ def test_a_failure_in_a_later_slice_leaves_the_stored_version_untouched(
     seen: list[IngestProgress] = []
     good = Document(source="bins", title="Bins", text="Bins are collected on Mondays.")
 
-    summary = ingest_documents(kb, [new, good], batch_documents=1, progress=seen.append)
+    summary = ingest_documents(
+        kb.db, kb.models, [new, good], batch_documents=1, progress=seen.append
+    )
 
     assert (summary.added, summary.updated, summary.failed) == (1, 0, 1)
     (failure,) = summary.failures
@@ -161,7 +163,9 @@ def test_an_embedding_error_in_a_later_slice_stops_the_run_and_stores_nothing_of
         server.script = ["ok", "ok", "ok", "400"]  # first, then big's slices 1-2, then 400
         refused = pytest.raises(EmbeddingError, match="refused the request: HTTP 400")
         with KnowledgeBase(db_url, remote, pool_size=1) as knowledge_base, refused:
-            ingest_documents(knowledge_base, [first, big], batch_documents=1)
+            ingest_documents(
+                knowledge_base.db, knowledge_base.models, [first, big], batch_documents=1
+            )
         assert server.batches[:3] == [1, SLICE, SLICE]
     assert rows(db_url, "select source from kb.documents") == [("first",)]
     assert rows(db_url, "select count(*) from kb.chunks") == [(1,)]
@@ -217,7 +221,7 @@ def test_a_slow_model_never_leaves_the_transaction_idle_past_its_timeout(
         server.script = ["slow"] * n
         remote = OpenAIEmbedder(server.base_url, server.model, dimension=384)
         with KnowledgeBase(db_url, remote, settings=settings, pool_size=1) as knowledge_base:
-            summary = ingest_documents(knowledge_base, [big])
+            summary = ingest_documents(knowledge_base.db, knowledge_base.models, [big])
         assert server.batches == [1] * n
     assert (summary.added, summary.failed, summary.chunks) == (1, 0, n)
     assert rows(db_url, "select count(*) from kb.chunks") == [(n,)]

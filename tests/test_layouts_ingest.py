@@ -162,7 +162,7 @@ def test_a_load_of_embedded_records_never_loads_the_model(
     record = {"id": "bins", "text": text, "embedding": embedder.embed_query(text).tolist()}
     path = jsonl(tmp_path / "embedded.jsonl", [record])
     with KnowledgeBase(db_url, pool_size=1, embedder_name="minilm") as kb:
-        summary = ingest_paths(kb, [path])
+        summary = ingest_paths(kb.db, kb.models, [path])
         assert (summary.added, summary.chunks, summary.failed) == (1, 1, 0)
         model = embedding.get_embedder(kb.settings, "minilm")
         assert "session" not in vars(model) and "tokenizer" not in vars(model)

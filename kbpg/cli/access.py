@@ -34,7 +34,7 @@ def access_setup(app: AppContext, reader_role: str | None, writer_role: str | No
     from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        reader, writer = kaccess.setup(kb, reader_role, writer_role)
+        reader, writer = kaccess.setup(kb.db, reader_role, writer_role)
     click.echo(f"reader role: {reader}\nwriter role: {writer}")
     click.echo(f"let a login role search with: grant {reader} to <login>;", err=True)
 
@@ -49,7 +49,7 @@ def access_grant(app: AppContext, role: str, groups: tuple[str, ...]) -> None:
     from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        new = kaccess.grant(kb, role, groups)
+        new = kaccess.grant(kb.db, role, groups)
     for g in new:
         click.echo(f"granted {g.group} to {g.role}")
 
@@ -67,7 +67,7 @@ def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bo
     if bool(groups) == every:
         raise click.UsageError("give GROUPS or --all (not both)")
     with app.knowledge_base() as kb:
-        gone = kaccess.revoke(kb, role, None if every else groups)
+        gone = kaccess.revoke(kb.db, role, None if every else groups)
     for g in gone:
         click.echo(f"revoked {g.group} from {g.role}")
     if not gone:
@@ -85,7 +85,7 @@ def access_list(app: AppContext, role: str | None, as_json: bool) -> None:
     from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        grants = kaccess.list_grants(kb, role)
+        grants = kaccess.list_grants(kb.db, role)
     print_rows(
         grants,
         as_json,
@@ -118,7 +118,7 @@ def access_status(app: AppContext, as_json: bool) -> None:
     from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        status = kaccess.status(kb)
+        status = kaccess.status(kb.db)
     _print_access_status(status, as_json)
 
 
@@ -126,7 +126,7 @@ def _set_enforced(app: AppContext, enforced: bool) -> None:
     from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        status = kaccess.set_enforced(kb, enforced)
+        status = kaccess.set_enforced(kb.db, enforced)
     _print_access_status(status, as_json=False)
 
 

@@ -157,7 +157,8 @@ def ingest(
 
     with app.knowledge_base(embedder_name) as kb:
         summary = ingest_paths(
-            kb,
+            kb.db,
+            kb.models,
             list(paths),
             recursive=recursive,
             glob=glob,
@@ -194,10 +195,10 @@ def documents() -> None:
 def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
     """List documents: source, title, category, groups, chunk count (tab-separated)."""
 
-    from kbpg.ingest.maintenance import list_documents
+    from kbpg.store.catalog import list_documents
 
     with app.knowledge_base() as kb:
-        docs = list_documents(kb, group=group)
+        docs = list_documents(kb.db, group=group)
     print_rows(
         docs,
         as_json,
@@ -216,7 +217,7 @@ def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
     from kbpg.ingest.maintenance import delete_documents
 
     with app.knowledge_base() as kb:
-        deleted, missing = delete_documents(kb, list(sources))
+        deleted, missing = delete_documents(kb.db, list(sources))
     for source in deleted:
         click.echo(f"deleted {source}")
     if missing:
@@ -234,10 +235,10 @@ def stats(app: AppContext, as_json: bool) -> None:
     """Documents, chunks, edges, embedding space, BM25 statistics and index sizes."""
     import json
 
-    from kbpg.ingest.maintenance import stats as kb_stats
+    from kbpg.store.catalog import stats as kb_stats
 
     with app.knowledge_base() as kb:
-        data = kb_stats(kb)
+        data = kb_stats(kb.db)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
@@ -314,7 +315,7 @@ def reembed(app: AppContext, embedder_name: str | None) -> None:
 
     embedder = get_embedder(app.settings, embedder_name)
     with app.knowledge_base() as kb:
-        summary = run_reembed(kb, embedder, progress=_ProgressLine("reembed"))
+        summary = run_reembed(kb.db, embedder, progress=_ProgressLine("reembed"))
     click.echo(
         f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
         f"({embedder.dimension}-d) in {summary.total_s:.1f} s",
@@ -333,7 +334,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
     version) with KBPG_CHAT_MODEL, and re-embed those chunks; progress on stderr."""
     import json
 
-    from kbpg.ingest.contextual import recontextualize as run
+    from kbpg.ingest.maintenance import recontextualize as run
 
     def progress(summary: Any) -> None:
         click.echo(
@@ -343,7 +344,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
         )
 
     with app.knowledge_base() as kb:
-        summary = run(kb, dry_run=dry_run, progress=progress)
+        summary = run(kb.db, kb.models, dry_run=dry_run, progress=progress)
     click.echo(
         f"{summary.documents} documents, {summary.chunks} chunks: {summary.stale} stale, "
         f"{summary.missing} missing; {summary.redone_documents} documents redone, "

@@ -9,10 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.errors import IngestError, InvalidInput
 from kbpg.ingest.contextual import ContextTally, contexts_for_document
-from kbpg.ingest.loaders import Document, LoadFailure
+from kbpg.ingest.document import Document, LoadFailure
 from kbpg.ingest.prepare import (
     PreparedDocument,
     chunk_entities,
@@ -23,6 +22,7 @@ from kbpg.ingest.prepare import (
 from kbpg.models.chat import ChatClient
 from kbpg.models.embedders import Embedder
 from kbpg.store import queries
+from kbpg.store.sessions import Connection, Database, Principal
 
 # One transaction per batch of whole documents; a kill loses at most the batch in flight. A batch
 # closes at BATCH_CHARS of text first unless its documents are small (under ~400 characters, e.g.
@@ -54,7 +54,7 @@ class BatchPreparer:
 
     def __init__(
         self,
-        kb: KnowledgeBase,
+        db: Database,
         reader: Connection,
         principal: Principal | None,
         embedder: Embedder,
@@ -65,7 +65,7 @@ class BatchPreparer:
     ) -> None:
         if batch_documents < 1:
             raise InvalidInput("the batch size must be at least 1 document")
-        self.kb = kb
+        self.db = db
         self.reader = reader
         self.principal = principal
         self.embedder = embedder
@@ -102,7 +102,7 @@ class BatchPreparer:
         t0 = time.perf_counter()
         out = PreparedBatch()
         digests = [content_hash(d) for d in documents]
-        with self.kb.transaction(self.reader, self.principal, write=True):
+        with self.db.transaction(self.reader, self.principal, write=True):
             found = self.reader.execute(
                 queries.EXISTING_DOCUMENTS, ([d.source for d in documents],)
             ).fetchall()
@@ -152,7 +152,7 @@ class BatchPreparer:
     def _allocate_ids(self, prepared: list[PreparedDocument]) -> None:
         """Ids for the new documents and for every chunk, from their tables' sequences."""
         new = [p for p in prepared if p.is_new]
-        with self.kb.transaction(self.reader, self.principal, write=True):
+        with self.db.transaction(self.reader, self.principal, write=True):
             row = self.reader.execute(
                 queries.ALLOCATE_IDS, (len(new), sum(len(p.chunks) for p in prepared))
             ).fetchone()

@@ -9,8 +9,7 @@ version shows which chunks are stale.
 from __future__ import annotations
 
 import hashlib
-import itertools
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -18,7 +17,6 @@ from kbpg.errors import ModelError
 from kbpg.models.parsing import parse_json_array
 
 if TYPE_CHECKING:
-    from kbpg.app import KnowledgeBase, Principal
     from kbpg.models.chat import ChatClient
     from kbpg.models.embedders import Embedder
 
@@ -186,96 +184,3 @@ def contexts_for_document(
     tally.missing += sum(c is None for c in result.contexts)
     tally.failures.extend(result.failures)
     return list(result.contexts), keys
-
-
-@dataclass
-class RecontextSummary:
-    """What `kbpg recontextualize` found and did."""
-
-    documents: int = 0
-    chunks: int = 0
-    stale: int = 0  # made with another model, prompt version or text
-    missing: int = 0  # no context (the model failed, or the chunk was ingested without)
-    redone_documents: int = 0
-    tally: ContextTally = field(default_factory=ContextTally)
-    total_s: float = 0.0
-
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "documents": self.documents,
-            "chunks": self.chunks,
-            "stale": self.stale,
-            "missing": self.missing,
-            "redone_documents": self.redone_documents,
-            "written": self.tally.written,
-            "still_missing": self.tally.missing,
-            "model_calls": self.tally.calls,
-            "seconds": round(self.total_s, 3),
-        }
-
-
-def recontextualize(
-    kb: KnowledgeBase,
-    *,
-    principal: Principal | None = None,
-    dry_run: bool = False,
-    progress: Callable[[RecontextSummary], None] | None = None,
-) -> RecontextSummary:
-    """Write the context of every chunk that is stale or missing one, with the configured chat
-    model, and re-embed those chunks; one transaction a document. `dry_run` only counts."""
-    import time
-
-    from kbpg.ingest.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
-    from kbpg.ingest.writer import writer
-    from kbpg.store import queries
-
-    started = time.perf_counter()
-    summary = RecontextSummary()
-    chat = kb.models.chat()
-    embedder = kb.embedder
-    with writer(kb, principal) as conn:
-        with kb.transaction(conn, principal, write=True):
-            conn.execute(queries.SET_EMBEDDING_SPACE, (embedder.model_name, embedder.dimension))
-            rows = conn.execute(queries.CONTEXT_READ).fetchall()
-        for _, group in itertools.groupby(rows, key=lambda row: row[0]):
-            chunks = list(group)
-            title = chunks[0][1]
-            passages = [row[4] for row in chunks]
-            digest = document_digest(passages)
-            expected = [context_key(p, digest, chat.model) for p in passages]
-            stale = sum(
-                r[6] is not None and r[6] != k for r, k in zip(chunks, expected, strict=True)
-            )
-            missing = sum(r[5] is None for r in chunks)
-            summary.documents += 1
-            summary.chunks += len(chunks)
-            summary.stale += stale
-            summary.missing += missing
-            if dry_run or not (stale or missing):
-                continue
-            contexts, keys = contexts_for_document(chat, title, passages, summary.tally)
-            texts = []
-            for row, context in zip(chunks, contexts, strict=True):
-                section = row[3] or ""
-                path = tuple(section.split(SECTION_SEPARATOR)) if section else ()
-                own = embed_text(heading_prefix(path, embedder), row[4])
-                texts.append(with_context(embedder, context, own))
-            vectors = embedder.embed_documents(texts)
-            with kb.transaction(conn, principal, write=True), conn.cursor() as cur:
-                cur.executemany(
-                    queries.CONTEXT_WRITE,
-                    [
-                        (context, key, vector, row[2])
-                        for row, context, key, vector in zip(
-                            chunks, contexts, keys, vectors, strict=True
-                        )
-                    ],
-                )
-            summary.redone_documents += 1
-            if progress is not None:
-                progress(summary)
-        if summary.redone_documents:
-            with kb.transaction(conn, principal, write=True):
-                conn.execute(queries.REFRESH_LEXICAL_INDEX)
-    summary.total_s = time.perf_counter() - started
-    return summary

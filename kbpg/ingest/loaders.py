@@ -5,22 +5,19 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-import numpy as np
-import numpy.typing as npt
-
 from kbpg.errors import IngestError
 from kbpg.ingest.chunking import Link, Section
+from kbpg.ingest.document import Document, LoadFailure, category_of, failure_of, string_list
 from kbpg.ingest.limits import (
     BINARY_SNIFF_BYTES,
     DEFAULT_MAX_FILE_BYTES,
     MAX_METADATA_BYTES,
     SURROGATE,
-    check_name,
     check_not_binary,
     clean_text,
     human_bytes,
@@ -28,6 +25,7 @@ from kbpg.ingest.limits import (
     read_limited,
     yaml_loader,
 )
+from kbpg.ingest.records import iter_jsonl
 
 TEXT_SUFFIXES = frozenset({".txt", ".text"})
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
@@ -37,40 +35,6 @@ JSONL_SUFFIXES = frozenset({".jsonl"})
 SUPPORTED_SUFFIXES = (
     TEXT_SUFFIXES | MARKDOWN_SUFFIXES | HTML_SUFFIXES | PDF_SUFFIXES | JSONL_SUFFIXES
 )
-
-
-@dataclass(frozen=True)
-class Document:
-    """One document to ingest. `source` is its unique key (a path, URI or external id).
-
-    `sections` carries the heading structure and links when a loader found them; without it
-    the text is one section under the title.
-    """
-
-    source: str
-    title: str
-    text: str
-    category: str | None = None
-    groups: Sequence[str] = ()
-    labels: Sequence[str] = ()
-    metadata: Mapping[str, Any] = field(default_factory=dict)
-    sections: tuple[Section, ...] | None = None
-    # a precomputed embedding (JSONL `embedding`): the document is then one chunk with this vector
-    # (compared through the content hash, which covers it)
-    embedding: npt.NDArray[np.float32] | None = field(default=None, compare=False, repr=False)
-
-    def section_list(self) -> tuple[Section, ...]:
-        if self.sections is not None:
-            return self.sections
-        return (Section((self.title,) if self.title else (), self.text),)
-
-
-@dataclass(frozen=True)
-class LoadFailure:
-    """A file (or JSONL line) that could not be read; ingest reports it and goes on."""
-
-    where: str
-    reason: str
 
 
 def _title_from_path(path: Path) -> str:
@@ -211,28 +175,6 @@ def load_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
 # -- Markdown ---------------------------------------------------------------------------------
 
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\n(.*?)\n(?:---|\.\.\.)[ \t]*(?:\n|\Z)", re.S)
-
-
-def string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, str):
-        items = [v.strip() for v in value.split(",")]
-    elif isinstance(value, list) and all(
-        isinstance(v, str | int) and not isinstance(v, bool) for v in value
-    ):
-        items = [str(v).strip() for v in value]
-    else:
-        raise IngestError(f"{where}: `{key}` must be a list of strings")
-    return tuple(check_name(v, f"`{key}` value", where) for v in items if v)
-
-
-def category_of(value: Any, where: str) -> str | None:
-    if value is None or value == "":
-        return None
-    if not isinstance(value, str | int) or isinstance(value, bool):
-        raise IngestError(f"{where}: `category` must be a string")
-    return check_name(str(value).strip(), "`category`", where) or None
 
 
 def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
@@ -472,19 +414,6 @@ def load_pdf(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     return _document(path, title, sections, "pdf", metadata={"pages": len(pages)})
 
 
-def failure_of(exc: Exception, where: str, *, record: bool = False) -> LoadFailure:
-    """What a loader raised, as the failure of this file or JSONL line (`where`)."""
-    if isinstance(exc, IngestError):
-        reason = exc.message
-    elif isinstance(exc, RecursionError):
-        reason = f"{'invalid JSON' if record else 'cannot read'}: nested too deeply"
-    elif record and isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
-        reason = f"invalid JSON: {exc}"
-    else:  # a library's surprise is this file's failure, never the end of the run
-        reason = f"cannot read: {type(exc).__name__}: {exc}"
-    return LoadFailure(where, reason.removeprefix(f"{where}: "))
-
-
 _LOADERS = {
     **dict.fromkeys(TEXT_SUFFIXES, load_text),
     **dict.fromkeys(MARKDOWN_SUFFIXES, load_markdown),
@@ -500,8 +429,6 @@ def iter_file(
     loader raises is this file's failure, never the end of the run."""
     suffix = path.suffix.lower()
     if suffix in JSONL_SUFFIXES:
-        from kbpg.ingest.records import iter_jsonl  # kbpg.records builds on this module
-
         yield from iter_jsonl(path, max_bytes)
         return
     loader = _LOADERS.get(suffix)

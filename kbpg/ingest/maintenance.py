@@ -1,122 +1,32 @@
-"""Maintenance of a knowledge base: list, delete, statistics, re-embedding."""
+"""Jobs over stored documents: delete, re-embed every chunk, re-contextualize stale chunks."""
 
 from __future__ import annotations
 
-import contextlib
+import itertools
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
-from pathlib import Path
-from typing import Any
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
-from kbpg.app import KnowledgeBase, Principal
-from kbpg.errors import InvalidInput, NotFound
 from kbpg.ingest.chunking import SECTION_SEPARATOR, embed_text, heading_prefix
-from kbpg.ingest.contextual import with_context
+from kbpg.ingest.contextual import (
+    ContextTally,
+    context_key,
+    contexts_for_document,
+    document_digest,
+    with_context,
+)
 from kbpg.ingest.entities import refresh_edges
 from kbpg.ingest.run import IngestProgress, IngestSummary, ProgressCallback
 from kbpg.ingest.writer import writer
+from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder
-from kbpg.store import db as kdb
 from kbpg.store import queries
-
-
-@dataclass(frozen=True)
-class DocumentInfo:
-    source: str
-    title: str
-    category: str | None
-    groups: list[str]
-    labels: list[str]
-    chunks: int
-    updated_at: str
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def list_documents(
-    kb: KnowledgeBase, *, group: str | None = None, principal: Principal | None = None
-) -> list[DocumentInfo]:
-    """The documents (of `group`), ordered by source."""
-    with kb.session(principal) as conn:
-        kdb.require_schema(conn)
-        rows = conn.execute(queries.LIST_DOCUMENTS, {"group": group}).fetchall()
-    return [
-        DocumentInfo(
-            source=r[0],
-            title=r[1],
-            category=r[2],
-            groups=list(r[3]),
-            labels=list(r[4]),
-            chunks=int(r[5]),
-            updated_at=r[6].isoformat(timespec="seconds"),
-        )
-        for r in rows
-    ]
-
-
-@dataclass(frozen=True)
-class DocumentChunk:
-    ordinal: int
-    section: str
-    content: str
-
-
-@dataclass(frozen=True)
-class DocumentText:
-    """One document with its chunks in reading order."""
-
-    source: str
-    title: str
-    category: str | None
-    groups: list[str]
-    labels: list[str]
-    chunks: tuple[DocumentChunk, ...]
-
-    def as_dict(self) -> dict[str, Any]:
-        """JSON-ready: the chunks as a list of objects."""
-        return asdict(self)
-
-
-def _source_candidates(source: str) -> list[str]:
-    """A source as given and, for a file path, its absolute form (how ingest stores paths)."""
-    candidates = [source]
-    with contextlib.suppress(OSError, RuntimeError, ValueError):
-        candidates.append(str(Path(source).expanduser().resolve()))
-    return candidates
-
-
-def document_chunks(
-    kb: KnowledgeBase, source: str, *, principal: Principal | None = None
-) -> DocumentText:
-    """Every chunk of the document `source`, in order; NotFound when there is none (or the
-    caller may not read it: the two look the same)."""
-    if not isinstance(source, str) or not source or "\x00" in source:
-        raise InvalidInput("the source must be non-empty text without NUL characters")
-    with kb.session(principal) as conn:
-        kdb.require_schema(conn)
-        rows = conn.execute(
-            queries.DOCUMENT_CHUNKS, {"sources": _source_candidates(source), "source": source}
-        ).fetchall()
-    if not rows:
-        raise NotFound(
-            f"no such document: {source}",
-            hint="list_documents / `kbpg documents list` shows the sources",
-        )
-    first = rows[0]
-    return DocumentText(
-        source=first[0],
-        title=first[1],
-        category=first[2],
-        groups=list(first[3]),
-        labels=list(first[4]),
-        chunks=tuple(DocumentChunk(int(r[5]), r[6] or "", r[7]) for r in rows),
-    )
+from kbpg.store.catalog import source_candidates
+from kbpg.store.sessions import Database, Principal
 
 
 def delete_documents(
-    kb: KnowledgeBase, sources: Sequence[str], *, principal: Principal | None = None
+    db: Database, sources: Sequence[str], *, principal: Principal | None = None
 ) -> tuple[list[str], list[str]]:
     """Delete documents by source (a path also matches its absolute form); (deleted, missing).
 
@@ -125,10 +35,10 @@ def delete_documents(
     """
     deleted: list[str] = []
     missing: list[str] = []
-    with writer(kb, principal) as conn, kb.transaction(conn, principal, write=True):
+    with writer(db, principal) as conn, db.transaction(conn, principal, write=True):
         for source in sources:
             row = conn.execute(
-                queries.DELETE_DOCUMENT_BY_SOURCE, (_source_candidates(source),)
+                queries.DELETE_DOCUMENT_BY_SOURCE, (source_candidates(source),)
             ).fetchone()
             (deleted if row else missing).append(row[0] if row else source)
         if deleted:
@@ -137,41 +47,13 @@ def delete_documents(
     return deleted, missing
 
 
-def stats(kb: KnowledgeBase, *, principal: Principal | None = None) -> dict[str, Any]:
-    """Counts, the embedding space, BM25 statistics and on-disk sizes of every kb table and index."""
-    with kb.session(principal) as conn:
-        kdb.require_schema(conn)
-        row = conn.execute(queries.STATS).fetchone()
-        assert row is not None
-        sizes = conn.execute(queries.RELATION_SIZES).fetchall()
-    docs, chunks, unembedded, edges, model, dim, layout, indexed, chunk_count, tokens, lexemes = row
-    return {
-        "documents": int(docs),
-        "chunks": int(chunks),
-        "chunks_without_embedding": int(unembedded),
-        "edges": {str(k): int(v) for k, v in sorted(edges.items())},
-        "embedding_space": (
-            {"model": model, "dimension": dim, "layout": layout, "indexed": indexed}
-            if model
-            else None
-        ),
-        "bm25": {
-            "chunks": int(chunk_count),
-            "average_length": round(tokens / chunk_count, 2) if chunk_count else 0.0,
-            "lexemes": int(lexemes),
-        },
-        "tables": {name: int(total) for name, kind, _, total in sizes if kind == "r"},
-        "indexes": {name: int(size) for name, kind, size, _ in sizes if kind == "i"},
-    }
-
-
 # -- re-embedding -----------------------------------------------------------------------------
 
 REEMBED_BATCH = 1024
 
 
 def reembed(
-    kb: KnowledgeBase,
+    db: Database,
     embedder: Embedder,
     *,
     principal: Principal | None = None,
@@ -182,7 +64,7 @@ def reembed(
     summary = IngestSummary()
     started = time.perf_counter()
     prefixes: dict[str, str] = {}
-    with writer(kb, principal) as conn, kb.transaction(conn, principal, write=True):
+    with writer(db, principal) as conn, db.transaction(conn, principal, write=True):
         conn.execute(queries.RESET_EMBEDDING_SPACE, (embedder.model_name, embedder.dimension))
         conn.execute(queries.REEMBED_TABLE)
         with conn.cursor(name="kbpg_reembed_read") as read:
@@ -212,5 +94,96 @@ def reembed(
         t0 = time.perf_counter()
         conn.execute(queries.REEMBED_APPLY)
         summary.database_s += time.perf_counter() - t0
+    summary.total_s = time.perf_counter() - started
+    return summary
+
+
+# -- re-contextualizing -----------------------------------------------------------------------
+
+
+@dataclass
+class RecontextSummary:
+    """What `kbpg recontextualize` found and did."""
+
+    documents: int = 0
+    chunks: int = 0
+    stale: int = 0  # made with another model, prompt version or text
+    missing: int = 0  # no context (the model failed, or the chunk was ingested without)
+    redone_documents: int = 0
+    tally: ContextTally = field(default_factory=ContextTally)
+    total_s: float = 0.0
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "documents": self.documents,
+            "chunks": self.chunks,
+            "stale": self.stale,
+            "missing": self.missing,
+            "redone_documents": self.redone_documents,
+            "written": self.tally.written,
+            "still_missing": self.tally.missing,
+            "model_calls": self.tally.calls,
+            "seconds": round(self.total_s, 3),
+        }
+
+
+def recontextualize(
+    db: Database,
+    models: ModelClients,
+    *,
+    principal: Principal | None = None,
+    dry_run: bool = False,
+    progress: Callable[[RecontextSummary], None] | None = None,
+) -> RecontextSummary:
+    """Write the context of every chunk that is stale or missing one, with the configured chat
+    model, and re-embed those chunks; one transaction a document. `dry_run` only counts."""
+    started = time.perf_counter()
+    summary = RecontextSummary()
+    chat = models.chat()
+    embedder = models.embedder
+    with writer(db, principal) as conn:
+        with db.transaction(conn, principal, write=True):
+            conn.execute(queries.SET_EMBEDDING_SPACE, (embedder.model_name, embedder.dimension))
+            rows = conn.execute(queries.CONTEXT_READ).fetchall()
+        for _, group in itertools.groupby(rows, key=lambda row: row[0]):
+            chunks = list(group)
+            title = chunks[0][1]
+            passages = [row[4] for row in chunks]
+            digest = document_digest(passages)
+            expected = [context_key(p, digest, chat.model) for p in passages]
+            stale = sum(
+                r[6] is not None and r[6] != k for r, k in zip(chunks, expected, strict=True)
+            )
+            missing = sum(r[5] is None for r in chunks)
+            summary.documents += 1
+            summary.chunks += len(chunks)
+            summary.stale += stale
+            summary.missing += missing
+            if dry_run or not (stale or missing):
+                continue
+            contexts, keys = contexts_for_document(chat, title, passages, summary.tally)
+            texts = []
+            for row, context in zip(chunks, contexts, strict=True):
+                section = row[3] or ""
+                path = tuple(section.split(SECTION_SEPARATOR)) if section else ()
+                own = embed_text(heading_prefix(path, embedder), row[4])
+                texts.append(with_context(embedder, context, own))
+            vectors = embedder.embed_documents(texts)
+            with db.transaction(conn, principal, write=True), conn.cursor() as cur:
+                cur.executemany(
+                    queries.CONTEXT_WRITE,
+                    [
+                        (context, key, vector, row[2])
+                        for row, context, key, vector in zip(
+                            chunks, contexts, keys, vectors, strict=True
+                        )
+                    ],
+                )
+            summary.redone_documents += 1
+            if progress is not None:
+                progress(summary)
+        if summary.redone_documents:
+            with db.transaction(conn, principal, write=True):
+                conn.execute(queries.REFRESH_LEXICAL_INDEX)
     summary.total_s = time.perf_counter() - started
     return summary

@@ -15,8 +15,8 @@ import numpy as np
 from kbpg.errors import IngestError
 from kbpg.ingest.chunking import Chunk, chunk_sections
 from kbpg.ingest.contextual import with_context
+from kbpg.ingest.document import Document
 from kbpg.ingest.entities import extract_entities
-from kbpg.ingest.loaders import Document
 from kbpg.models.embedders import Embedder
 
 # Bump when chunking or entity extraction changes: every document is then re-ingested.

@@ -13,6 +13,7 @@ import numpy.typing as npt
 import orjson
 
 from kbpg.errors import IngestError
+from kbpg.ingest.document import Document, LoadFailure, category_of, failure_of, string_list
 from kbpg.ingest.limits import (
     DEFAULT_MAX_FILE_BYTES,
     check_name,
@@ -21,7 +22,6 @@ from kbpg.ingest.limits import (
     json_metadata,
     too_large,
 )
-from kbpg.ingest.loaders import Document, LoadFailure, category_of, failure_of, string_list
 
 # orjson reads an integer past 64 bits as a float (json keeps it exact): a record holding a
 # number that large is parsed again by json. Checked on the parsed values, where a 384-number

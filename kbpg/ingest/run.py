@@ -15,13 +15,12 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.errors import InvalidInput
 from kbpg.ingest.batching import BATCH_DOCUMENTS, BatchPreparer, PreparedBatch
 from kbpg.ingest.contextual import ContextTally
+from kbpg.ingest.document import Document, LoadFailure
 from kbpg.ingest.entities import MAX_ENTITY_DOCUMENTS, refresh_edges
 from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES
-from kbpg.ingest.loaders import Document, LoadFailure
 from kbpg.ingest.pipeline import Ahead
 from kbpg.ingest.prepare import (
     PreparedDocument,
@@ -30,9 +29,11 @@ from kbpg.ingest.prepare import (
 from kbpg.ingest.sources import discover, iter_documents
 from kbpg.ingest.writer import copy_chunk_rows, copy_rows, write_documents, write_relations, writer
 from kbpg.models.chat import ChatClient
+from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder
 from kbpg.store import db as kdb
 from kbpg.store import indexing, queries
+from kbpg.store.sessions import Connection, Database, Principal
 
 _log = logging.getLogger(__name__)
 
@@ -126,19 +127,17 @@ class IngestSummary:
 ProgressCallback = Callable[[IngestProgress], None]
 
 
-def _refresh_lexical_index(
-    kb: KnowledgeBase, conn: Connection, principal: Principal | None
-) -> None:
+def _refresh_lexical_index(db: Database, conn: Connection, principal: Principal | None) -> None:
     """Keep the lexical arm's impact cache fresh (speed only: the arm is exact either way)."""
-    with kb.transaction(conn, principal, write=True):
+    with db.transaction(conn, principal, write=True):
         conn.execute(queries.REFRESH_LEXICAL_INDEX)
 
 
 def _register_space(
-    kb: KnowledgeBase, conn: Connection, principal: Principal | None, embedder: Embedder
+    db: Database, conn: Connection, principal: Principal | None, embedder: Embedder
 ) -> None:
     """Record (or check) the embedding space; a different model is refused with a hint."""
-    with kb.transaction(conn, principal, write=True):
+    with db.transaction(conn, principal, write=True):
         conn.execute(queries.SET_EMBEDDING_SPACE, (embedder.model_name, embedder.dimension))
 
 
@@ -172,7 +171,7 @@ class _Run:
 
     def __init__(
         self,
-        kb: KnowledgeBase,
+        db: Database,
         conn: Connection,
         principal: Principal | None,
         reader: Connection,
@@ -181,7 +180,7 @@ class _Run:
         batch_documents: int = BATCH_DOCUMENTS,
         chat: ChatClient | None = None,
     ) -> None:
-        self.kb = kb
+        self.db = db
         self.conn = conn
         self.principal = principal
         self.embedder = embedder
@@ -189,7 +188,7 @@ class _Run:
         self.summary = IngestSummary()
         # looks up and prepares the next batches on a second connection while conn writes
         self.preparer = BatchPreparer(
-            kb,
+            db,
             reader,
             principal,
             embedder,
@@ -327,7 +326,7 @@ class _Run:
         return True
 
     def transaction(self) -> contextlib.AbstractContextManager[Connection]:
-        return self.kb.transaction(self.conn, self.principal, write=True)
+        return self.db.transaction(self.conn, self.principal, write=True)
 
     def _staged(self) -> bool:
         """Whether row-level security applies to this writer (COPY then goes through a stage)."""
@@ -366,7 +365,7 @@ class _Run:
         with self.transaction():
             added, _ = refresh_edges(self.conn)
         if self.summary.changed:
-            _refresh_lexical_index(self.kb, self.conn, self.principal)
+            _refresh_lexical_index(self.db, self.conn, self.principal)
         self.summary.edges += added
         self.summary.database_s += time.perf_counter() - t0
         self.summary.total_s = time.perf_counter() - self.started
@@ -375,7 +374,8 @@ class _Run:
 
 
 def _ingest(
-    kb: KnowledgeBase,
+    db: Database,
+    models: ModelClients,
     items: Iterable[Document | LoadFailure],
     embedder: Embedder | None,
     principal: Principal | None,
@@ -392,13 +392,13 @@ def _ingest(
     the HNSW index once after the rows are in (indexing.defer_index), reporting its progress.
     `contextual` (default KBPG_CONTEXTUAL): a chat model writes each chunk's context.
     """
-    model = embedder or kb.document_embedder()
-    wanted = kb.settings.models.contextual if contextual is None else contextual
-    chat = kb.models.chat() if wanted else None
-    with writer(kb, principal) as conn, contextlib.closing(kdb.connect(kb.url)) as reader:
+    model = embedder or models.document_embedder()
+    wanted = models.settings.contextual if contextual is None else contextual
+    chat = models.chat() if wanted else None
+    with writer(db, principal) as conn, contextlib.closing(kdb.connect(db.url)) as reader:
         reader.autocommit = True
-        _register_space(kb, conn, principal, model)
-        run = _Run(kb, conn, principal, reader, model, progress, batch_documents, chat)
+        _register_space(db, conn, principal, model)
+        run = _Run(db, conn, principal, reader, model, progress, batch_documents, chat)
         indexing.defer_index(conn, run.transaction, expected_chunks)
         run.run(items)
         if prunable is not None:
@@ -412,13 +412,14 @@ def _ingest(
                 ]
             )
         t0 = time.perf_counter()
-        indexing.ensure_index(conn, kb.url, index_progress, run.transaction)
+        indexing.ensure_index(conn, db.url, index_progress, run.transaction)
         run.summary.database_s += time.perf_counter() - t0
         return run.finish()
 
 
 def ingest_documents(
-    kb: KnowledgeBase,
+    db: Database,
+    models: ModelClients,
     documents: Iterable[Document | LoadFailure],
     embedder: Embedder | None = None,
     *,
@@ -437,7 +438,8 @@ def ingest_documents(
     this collection).
     """
     return _ingest(
-        kb,
+        db,
+        models,
         documents,
         embedder,
         principal,
@@ -450,7 +452,8 @@ def ingest_documents(
 
 
 def ingest_paths(
-    kb: KnowledgeBase,
+    db: Database,
+    models: ModelClients,
     paths: Sequence[str | os.PathLike[str]],
     embedder: Embedder | None = None,
     *,
@@ -493,7 +496,8 @@ def ingest_paths(
         return inside and not Path(source).exists()
 
     return _ingest(
-        kb,
+        db,
+        models,
         items,
         embedder,
         principal,

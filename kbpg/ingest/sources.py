@@ -10,8 +10,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from kbpg.errors import IngestError, InvalidInput
+from kbpg.ingest.document import Document, LoadFailure
 from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_name
-from kbpg.ingest.loaders import SUPPORTED_SUFFIXES, Document, LoadFailure, iter_file
+from kbpg.ingest.loaders import SUPPORTED_SUFFIXES, iter_file
 
 __all__ = ["discover", "iter_documents", "parse_size", "printable"]
 

@@ -13,13 +13,13 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg.types.json import Jsonb
 
-from kbpg.app import Connection, KnowledgeBase, Principal
 from kbpg.errors import Busy
 from kbpg.ingest.prepare import PreparedDocument, entities_of
 from kbpg.ingest.sources import printable
 from kbpg.store import db as kdb
 from kbpg.store import queries
 from kbpg.store.copyformat import binary_text_array, binary_vectors, text_array, use_encoded
+from kbpg.store.sessions import Connection, Database, Principal
 
 _log = logging.getLogger("kbpg.ingest")
 
@@ -156,16 +156,16 @@ def write_relations(
 
 
 @contextlib.contextmanager
-def writer(kb: KnowledgeBase, principal: Principal | None = None) -> Iterator[Connection]:
+def writer(db: Database, principal: Principal | None = None) -> Iterator[Connection]:
     """A connection holding kbpg's write lock until the block ends (or the session dies).
 
     The lock is taken outside any transaction, so that a second writer waits for the whole
-    job, not for kbpg's lock_timeout. Work on the connection goes through kb.transaction().
+    job, not for kbpg's lock_timeout. Work on the connection goes through db.transaction().
     """
-    with kb.connection(write=True) as conn:
-        with kb.transaction(conn, principal, write=True):
+    with db.connection(write=True) as conn:
+        with db.transaction(conn, principal, write=True):
             kdb.require_schema(conn)
-        _wait_for_write_lock(conn, kb.settings.write_lock_wait_ms)
+        _wait_for_write_lock(conn, db.settings.write_lock_wait_ms)
         try:
             yield conn
         finally:

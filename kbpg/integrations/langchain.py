@@ -12,7 +12,7 @@ from pydantic import ConfigDict, Field, field_validator
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.errors import InvalidInput
 from kbpg.search.request import SearchRequest
-from kbpg.search.run import Chunk
+from kbpg.search.results import Chunk
 
 __all__ = ["KbpgRetriever", "chunk_document"]
 

@@ -7,7 +7,7 @@ from typing import Any
 
 import toon_format
 
-from kbpg.search.run import SearchResult
+from kbpg.search.results import SearchResult
 
 PREVIEW_CHARS = 80
 

@@ -8,9 +8,7 @@ the plain result and says why in its StageReport, which `--explain` prints.
 from __future__ import annotations
 
 import logging
-import threading
 import time
-from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -24,6 +22,7 @@ if TYPE_CHECKING:
     import psycopg
 
     from kbpg.models.chat import ChatClient
+    from kbpg.models.clients import ExpansionCache
     from kbpg.models.rerank import Reranker
 
 log = logging.getLogger("kbpg.stages")
@@ -117,41 +116,6 @@ EXPAND_SYSTEM = (
     "You rewrite search queries. Answer with a JSON array of strings only: each one a "
     "paraphrase of the query that keeps its meaning, using other words where you can."
 )
-
-
-class ExpansionCache:
-    """Paraphrases by (model, N, question): bounded in size (least recently used goes) and in
-    age. Only successful answers are stored."""
-
-    def __init__(self, max_entries: int = 1024, ttl_s: float = 3600.0) -> None:
-        self.max_entries = max_entries
-        self.ttl_s = ttl_s
-        self._entries: OrderedDict[tuple[str, int, str], tuple[float, tuple[str, ...]]] = (
-            OrderedDict()
-        )
-        self._lock = threading.Lock()
-
-    def get(self, key: tuple[str, int, str]) -> tuple[str, ...] | None:
-        with self._lock:
-            entry = self._entries.get(key)
-            if entry is None:
-                return None
-            stored, value = entry
-            if time.monotonic() - stored > self.ttl_s:
-                del self._entries[key]
-                return None
-            self._entries.move_to_end(key)
-            return value
-
-    def put(self, key: tuple[str, int, str], value: tuple[str, ...]) -> None:
-        with self._lock:
-            self._entries[key] = (time.monotonic(), value)
-            self._entries.move_to_end(key)
-            while len(self._entries) > self.max_entries:
-                self._entries.popitem(last=False)
-
-    def __len__(self) -> int:
-        return len(self._entries)
 
 
 def paraphrases(

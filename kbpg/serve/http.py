@@ -34,7 +34,7 @@ from kbpg.errors import (
     StageUnavailable,
 )
 from kbpg.search import request as search_request
-from kbpg.search.run import Chunk, SearchResult, Source
+from kbpg.search.results import Chunk, SearchResult, Source
 from kbpg.search.stages import StageReport
 from kbpg.serve.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
 from kbpg.serve.tokens import Tokens

@@ -79,17 +79,17 @@ class KnowledgeBaseTools:
         )
 
     def documents(self, group: str | None) -> CallToolResult:
-        from kbpg.ingest.maintenance import list_documents
+        from kbpg.store.catalog import list_documents
 
         with _tool_errors():
-            rows = [d.as_dict() for d in list_documents(self.knowledge_base(), group=group)]
+            rows = [d.as_dict() for d in list_documents(self.knowledge_base().db, group=group)]
         return _json_result({"documents": rows})
 
     def document(self, source: str) -> CallToolResult:
-        from kbpg.ingest.maintenance import document_chunks
+        from kbpg.store.catalog import document_chunks
 
         with _tool_errors():
-            document = document_chunks(self.knowledge_base(), source)
+            document = document_chunks(self.knowledge_base().db, source)
         return _json_result(document.as_dict())
 
 

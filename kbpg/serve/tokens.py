@@ -18,8 +18,8 @@ import threading
 from dataclasses import dataclass
 from pathlib import Path
 
-from kbpg.app import Principal
 from kbpg.errors import ConfigError
+from kbpg.store.sessions import Principal
 
 OWN_ROLE = "-"
 _HEX = re.compile(r"[0-9a-f]{64}")

@@ -13,7 +13,7 @@ from kbpg.store import db as kdb
 from kbpg.store import queries
 
 if TYPE_CHECKING:
-    from kbpg.app import KnowledgeBase, Principal
+    from kbpg.store.sessions import Database, Principal
 
 _OWNER_HINT = (
     "run it as the owner of the kb tables (the role that ran `kbpg db upgrade`); in psql: "
@@ -64,13 +64,13 @@ def _needs(hint: str) -> Iterator[None]:
 
 
 def setup(
-    kb: KnowledgeBase,
+    db: Database,
     reader_role: str | None = None,
     writer_role: str | None = None,
     principal: Principal | None = None,
 ) -> tuple[str, str]:
     """Create (when missing) and grant the NOLOGIN reader and writer roles; their names."""
-    with kb.session(principal, write=True) as conn:
+    with db.session(principal, write=True) as conn:
         kdb.require_schema(conn)
         row = conn.execute(
             queries.ACCESS_SETUP, {"reader": reader_role, "writer": writer_role}
@@ -80,41 +80,41 @@ def setup(
 
 
 def grant(
-    kb: KnowledgeBase, role: str, groups: Sequence[str], principal: Principal | None = None
+    db: Database, role: str, groups: Sequence[str], principal: Principal | None = None
 ) -> list[Grant]:
     """Let `role` (and its members) read `groups`; the grants that were new."""
-    with _needs(_GRANT_HINT), kb.session(principal, write=True) as conn:
+    with _needs(_GRANT_HINT), db.session(principal, write=True) as conn:
         kdb.require_schema(conn)
         rows = conn.execute(queries.ACCESS_GRANT, {"role": role, "groups": list(groups)})
         return [Grant(r[0], r[1]) for r in rows.fetchall()]
 
 
 def revoke(
-    kb: KnowledgeBase,
+    db: Database,
     role: str,
     groups: Sequence[str] | None = None,
     principal: Principal | None = None,
 ) -> list[Grant]:
     """Take `groups` (every group when None) away from `role`; what was revoked."""
     params = {"role": role, "groups": None if groups is None else list(groups)}
-    with _needs(_GRANT_HINT), kb.session(principal, write=True) as conn:
+    with _needs(_GRANT_HINT), db.session(principal, write=True) as conn:
         kdb.require_schema(conn)
         return [Grant(r[0], r[1]) for r in conn.execute(queries.ACCESS_REVOKE, params)]
 
 
 def list_grants(
-    kb: KnowledgeBase, role: str | None = None, principal: Principal | None = None
+    db: Database, role: str | None = None, principal: Principal | None = None
 ) -> list[Grant]:
     """The grants the calling role may see (a reader: its own), by role and group."""
-    with kb.session(principal) as conn:
+    with db.session(principal) as conn:
         kdb.require_schema(conn)
         rows = conn.execute(queries.ACCESS_LIST, {"role": role}).fetchall()
     return [Grant(r[0], r[1], r[2]) for r in rows]
 
 
-def status(kb: KnowledgeBase, principal: Principal | None = None) -> AccessStatus:
+def status(db: Database, principal: Principal | None = None) -> AccessStatus:
     """Whether access control is enforced, the roles, and what the calling role may read."""
-    with kb.session(principal) as conn:
+    with db.session(principal) as conn:
         kdb.require_schema(conn)
         row = conn.execute(queries.ACCESS_STATUS).fetchone()
     assert row is not None
@@ -123,11 +123,9 @@ def status(kb: KnowledgeBase, principal: Principal | None = None) -> AccessStatu
     )
 
 
-def set_enforced(
-    kb: KnowledgeBase, enforced: bool, principal: Principal | None = None
-) -> AccessStatus:
+def set_enforced(db: Database, enforced: bool, principal: Principal | None = None) -> AccessStatus:
     """Turn enforcement on or off (rebuilds the lexical cache to match); the new status."""
-    with _needs(_OWNER_HINT), kb.session(principal, write=True) as conn:
+    with _needs(_OWNER_HINT), db.session(principal, write=True) as conn:
         kdb.require_schema(conn)
         conn.execute(queries.ACCESS_ENABLE if enforced else queries.ACCESS_DISABLE)
-    return status(kb, principal)
+    return status(db, principal)
