@@ -23,7 +23,7 @@ from kbpg.store.db import upgrade
 from kbpg.store.embedded import EmbeddedServer
 from tests.conftest import with_database
 from tests.helpers import KBPG, clean_env, run_kbpg
-from tests.production import REPO
+from tests.release_fixtures import REPO
 
 
 def wait_for_replay(primary_url: str, standby_url: str, timeout: float = 60) -> None:

@@ -17,9 +17,9 @@ from kbpg.ingest.run import Document, IngestProgress, ingest_documents, ingest_p
 from kbpg.models.embedders import Embedder, MiniLMEmbedder, OpenAIEmbedder
 from kbpg.search.request import SearchRequest
 from tests.embedding_server import EmbeddingServer
-from tests.test_ingest import kb as kb  # the fixture
-from tests.test_ingest import rows
-from tests.test_ingest_loaders import long_text
+from tests.ingest.test_ingest import kb as kb  # the fixture
+from tests.ingest.test_ingest import rows
+from tests.ingest.test_ingest_loaders import long_text
 
 SLICE = 4
 

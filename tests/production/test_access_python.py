@@ -105,7 +105,7 @@ def test_writer_principal_ingests_a_document_larger_than_a_slice(
     refused there) and into kb.chunks by an INSERT the policies check."""
     from kbpg.ingest import run as ingest
     from kbpg.ingest.run import Document, ingest_documents
-    from tests.test_ingest_loaders import long_text
+    from tests.ingest.test_ingest_loaders import long_text
 
     monkeypatch.setattr(ingest, "SLICE_CHUNKS", 4)
     retriever, who = kb
@@ -133,7 +133,7 @@ def test_writer_principal_loads_a_collection_larger_than_the_knowledge_base(
     """A load that at least doubles the knowledge base drops the HNSW index to build it after
     the rows, but only the table's owner may drop or build it: a writer role loads with the
     index kept (it failed with "must be owner of index chunks_embedding_hnsw")."""
-    from tests.test_ingest_loaders import long_text
+    from tests.ingest.test_ingest_loaders import long_text
 
     retriever, who = kb
     kaccess.set_enforced(retriever.db, True)

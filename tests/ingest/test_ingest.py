@@ -24,7 +24,7 @@ from kbpg.models.embedders import Embedder, OpenAIEmbedder
 from kbpg.store import db as kdb
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import KBPG, run_kbpg
-from tests.test_ingest_loaders import long_text, make_pdf
+from tests.ingest.test_ingest_loaders import long_text, make_pdf
 
 
 @pytest.fixture

@@ -19,9 +19,9 @@ from kbpg.store import db as kdb
 from kbpg.store import indexing
 from tests.embedding_server import EmbeddingServer
 from tests.helpers import run_kbpg
-from tests.test_layouts import executed_plans
+from tests.sql.test_layouts import executed_plans
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 SAMPLES = REPO / "samples" / "kb"
 QUERIES = ["how do I renew a parking permit", "when is the bulky waste collected"]
 

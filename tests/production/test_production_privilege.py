@@ -21,7 +21,7 @@ from psycopg import sql
 from kbpg.store import db as kdb
 from tests.conftest import with_database, with_user
 from tests.helpers import KBPG, clean_env, run_kbpg
-from tests.production import REPO, build_v0_1_0_schema, load_rows, v0_1_0_rows
+from tests.release_fixtures import REPO, build_v0_1_0_schema, load_rows, v0_1_0_rows
 
 pytestmark = pytest.mark.least_privilege
 

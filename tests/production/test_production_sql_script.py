@@ -13,7 +13,7 @@ import pytest
 from kbpg.store import db as kdb
 from kbpg.store.embedded import _binaries_dir
 from tests.helpers import clean_env, run_kbpg
-from tests.production import REPO, catalog_differences, catalog_snapshot
+from tests.release_fixtures import REPO, catalog_differences, catalog_snapshot
 
 
 def _psql(url: str, script: Path) -> subprocess.CompletedProcess[str]:

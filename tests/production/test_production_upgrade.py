@@ -13,7 +13,7 @@ import pytest
 
 from kbpg.store import db as kdb
 from tests.helpers import clean_env, run_kbpg
-from tests.production import (
+from tests.release_fixtures import (
     FROZEN_REVISIONS,
     FROZEN_SQL,
     REPO,

@@ -35,7 +35,11 @@ INLINED = [
     "kb._bm25_score",
 ]
 
-FROZEN = {"0001", "0002", "0003"}  # released in 0.1.0: tests/test_production_upgrade.py hashes them
+FROZEN = {
+    "0001",
+    "0002",
+    "0003",
+}  # released in 0.1.0: tests/production/test_production_upgrade.py hashes them
 
 
 def sql_standard_bodies_as_strings(text: str) -> str:
@@ -89,7 +93,7 @@ def test_pgspot_finds_nothing_unexplained(tmp_path: Path) -> None:
     assert "TOTAL:" in result.stdout and "out of range" not in result.stdout, result.stdout
     assert "Unknown: 0" in result.stdout, result.stdout
 
-    # 0001-0003 are frozen (0.1.0, hashed by tests/test_production_upgrade.py): their findings
+    # 0001-0003 are frozen (0.1.0, hashed by tests/production/test_production_upgrade.py): their findings
     # are unqualified names in CHECK constraints, defaults and trigger bodies, and `create
     # schema/extension if not exists`; bound when the migration runs, so what the deploying
     # session's search_path holds then. They cannot change; listed so that none is added.

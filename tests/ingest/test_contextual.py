@@ -122,7 +122,7 @@ def test_contextual_ingest_search_reingest_and_recontextualize(
     db_url: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
     from tests.helpers import run_kbpg
-    from tests.test_ingest import assert_bm25_stats_exact
+    from tests.ingest.test_ingest import assert_bm25_stats_exact
 
     folder = tmp_path / "kb"
     folder.mkdir()

@@ -19,9 +19,9 @@ from kbpg.ingest.run import ingest_paths
 from kbpg.ingest.sources import discover, iter_documents, parse_size, printable
 from kbpg.models.embedders import Embedder
 from tests.helpers import KBPG, run_kbpg
-from tests.test_ingest import kb as kb  # the fixture
-from tests.test_ingest import rows
-from tests.test_ingest_loaders import long_text
+from tests.ingest.test_ingest import kb as kb  # the fixture
+from tests.ingest.test_ingest import rows
+from tests.ingest.test_ingest_loaders import long_text
 
 DEEP_DIVS = 5000
 

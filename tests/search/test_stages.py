@@ -11,19 +11,19 @@ import psycopg
 import pytest
 
 from kbpg.models import ApiReranker, ChatClient, LlmReranker, ModelHTTP
+from kbpg.models.clients import ExpansionCache
 from kbpg.search.stages import (
     APPLIED,
     EXPAND_SYSTEM,
     FAILED,
     SKIPPED,
-    ExpansionCache,
     cap_and_cut,
     paraphrases,
     rerank_order,
 )
 from tests.model_servers import ModelServer
+from tests.sql.test_sql_search import search
 from tests.sqldata import add_chunk, add_doc
-from tests.test_sql_search import search
 
 
 @pytest.fixture

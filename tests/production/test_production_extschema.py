@@ -13,7 +13,7 @@ import pytest
 
 from kbpg.store.embedded import _binaries_dir
 from tests.helpers import clean_env, run_kbpg
-from tests.production import REPO
+from tests.release_fixtures import REPO
 
 pytestmark = pytest.mark.least_privilege
 

@@ -11,7 +11,7 @@ from alembic.script import ScriptDirectory
 
 from kbpg.store import db as kdb
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 CATALOG_SNAPSHOT = """
 select p.oid::regprocedure::text, pg_catalog.pg_get_functiondef(p.oid), p.xmin::text

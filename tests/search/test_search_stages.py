@@ -21,7 +21,7 @@ from tests.helpers import run_kbpg
 from tests.http_server import running_server
 from tests.model_servers import ModelServer
 from tests.search_kb import Doc, env_for, load_kb
-from tests.test_http import AUTH, SEARCH, TOKEN
+from tests.serve.test_http import AUTH, SEARCH, TOKEN
 
 # The fused order puts the one-chunk "desk" documents first for the question; the
 # term-overlap reranker, which reads titles (BM25 and the vector do not), prefers all four
@@ -295,7 +295,7 @@ def test_expansion_through_the_cli_and_its_failure(stage_kb, server, tmp_path):
 
 
 def test_eval_adds_rerank_and_expand_arms(server, tmp_path, cli_env):
-    from tests.test_evaluate import TINY_CORPUS, TINY_QRELS, TINY_QUERIES, write_beir
+    from tests.search.test_evaluate import TINY_CORPUS, TINY_QRELS, TINY_QUERIES, write_beir
 
     dataset = write_beir(
         tmp_path / "tiny",

@@ -94,7 +94,7 @@ def test_more_than_64_excluded_words_is_kb003(conn):
 
 # -- graph: linear in what it reads, identical to following every path --------------------------
 
-V0_1_0_GRAPH = Path(__file__).parent / "fixtures" / "v0_1_0" / "sql" / "050-expand-graph.sql"
+V0_1_0_GRAPH = Path(__file__).parent.parent / "fixtures" / "v0_1_0" / "sql" / "050-expand-graph.sql"
 
 
 def create_0_1_0_walk(conn: psycopg.Connection[Any]) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import psycopg
 import pytest
 
+from tests.sql.test_sql_search import search
 from tests.sqldata import add_chunk, add_doc, raises_sqlstate, vec
-from tests.test_sql_search import search
 
 
 @pytest.fixture

@@ -16,10 +16,10 @@ import psycopg
 from kbpg.store import db as kdb
 from kbpg.store import indexing
 from tests.helpers import run_kbpg
+from tests.sql.test_sql_lexical import bm25_statistics, counted_statistics
 from tests.sqldata import add_chunk, add_doc
-from tests.test_sql_lexical import bm25_statistics, counted_statistics
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 from partitioned_chunks import partition_chunks
 
 TENANTS = ["t00", "t01"]
