@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from kbpg import queries
 from kbpg.app import Cancellation, KnowledgeBase, Principal
+from kbpg.embedding import embed_queries
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.request import SearchRequest, sql_types, validate_query
 from kbpg.stages import StageReport, cap_and_cut, paraphrases, rerank_order
@@ -239,7 +240,7 @@ def run_search(
     if len(windowed) == 1:
         embeddings = [embedder.embed_query(windowed[0])]
     else:  # the question and its paraphrases in one batch
-        embeddings = list(embedder.embed_documents(windowed))
+        embeddings = list(embed_queries(embedder, windowed))
     embedded = time.perf_counter()
     reranker = kb.models.reranker() if request.rerank else None
     notices: list[str] = []
