@@ -447,7 +447,7 @@ def ingest_collection(
 ) -> Collection:
     """Ingest the corpus (document source = corpus `_id`) and embed the judged queries;
     `contextual`: with chunk contexts from the chat model (every arm then sees them)."""
-    from kbpg.ingest.batching import BATCH_DOCUMENTS
+    from kbpg.ingest.batching import batch_documents_for
     from kbpg.ingest.run import Document, ingest_documents
     from kbpg.models.embedders import embed_queries
 
@@ -466,8 +466,7 @@ def ingest_collection(
                 else None
             ),
             contextual=contextual,
-            # a slow model (e5's passages): a batch, and so a progress line, every few seconds
-            batch_documents=getattr(embedder, "batch_documents", BATCH_DOCUMENTS),
+            batch_documents=batch_documents_for(embedder),
         )
         ingest_s = time.perf_counter() - clock
         with kb.session() as conn:

@@ -153,6 +153,7 @@ def ingest(
     """
     import json
 
+    from kbpg.ingest.batching import batch_documents_for
     from kbpg.ingest.run import ingest_paths
 
     with app.knowledge_base(embedder_name) as kb:
@@ -169,7 +170,7 @@ def ingest(
             labels=labels,
             prune=prune,
             progress=_ProgressLine("ingest"),
-            batch_documents=batch_size or int(getattr(model, "batch_documents", 1024)),
+            batch_documents=batch_size or batch_documents_for(model),
             index_progress=_index_progress,
             contextual=contextual,
             max_file_bytes=max_file_bytes,
