@@ -33,9 +33,9 @@ import psycopg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from kbpg import db as kdb
-from kbpg import distribute
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store import distribute
+from kbpg.store.embedded import EmbeddedServer
 from tests import citus_harness as h
 from tests.citus import Cluster, installation, skip_reason
 

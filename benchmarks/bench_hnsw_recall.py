@@ -26,7 +26,7 @@ import psycopg
 from bench_search import DIM, POOL, log, percentile, query_embedding
 from pgvector.psycopg import register_vector
 
-from kbpg.server import EmbeddedServer
+from kbpg.store.embedded import EmbeddedServer
 
 ORDER_BY = {
     "vector": "embedding <=> %(q)s",

@@ -24,7 +24,7 @@ import numpy as np
 import psycopg
 from psycopg import sql
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 
 REPO = Path(__file__).resolve().parent.parent
 NPL = REPO.parent / "shared" / "ir" / "npl"
@@ -186,10 +186,10 @@ def samples_corpus(embedder: Any) -> Corpus:
 def load(url: str, corpus: Corpus) -> Any:
     """Ingest the corpus through kbpg (KnowledgeBase + ingest_paths); the ingest summary."""
     from kbpg.app import KnowledgeBase
-    from kbpg.ingest import ingest_paths
+    from kbpg.ingest.run import ingest_paths
 
     with KnowledgeBase(url, pool_size=1, embedder_name="minilm") as kb:
-        return ingest_paths(kb, corpus.paths, recursive=corpus.recursive)
+        return ingest_paths(kb.db, kb.models, corpus.paths, recursive=corpus.recursive)
 
 
 # -- search variants --------------------------------------------------------------------------
