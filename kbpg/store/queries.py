@@ -214,7 +214,8 @@ REFRESH_EDGES_DISTRIBUTED: Final = (
     "select added, removed from kb._refresh_derived_edges("
     "link_weight => %(link_weight)s::real, max_docs => %(max_docs)s::integer)"
 )
-DISTRIBUTED: Final = "select kb._distributed()"
+# what kb._distributed() asks, without calling it: a reader may execute only the reader API
+DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb.bm25_shard_stats') is not null"
 
 # -- maintenance ------------------------------------------------------------------------------
 
