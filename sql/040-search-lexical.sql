@@ -314,7 +314,7 @@ begin
         -- kb.chunks was truncated since the cache was built (a shard cannot reset the cache on
         -- the coordinator): ids may restart below its watermark, so it is not used until a refresh
         if stats.reset_at >= coalesce(state.refreshed_at, '-infinity') then
-            state.watermark := 0;
+            state := pg_catalog.jsonb_populate_record(state, '{"watermark": 0}');
         end if;
     end if;
     -- the blocks the sums would read: every block up to the watermark while the ids are dense;
