@@ -1,0 +1,98 @@
+"""Readers read through SECURITY DEFINER functions only: no privilege on kb's tables.
+
+Revision ID: 0012
+Revises: 0011
+Create Date: 2026-12-02
+
+Row-level security was no boundary against a reader with psql: text equality and starts_with
+are leakproof, so an index condition ran before the policy, and EXPLAIN ANALYZE's "Rows
+Removed by Filter" counted the hidden rows it dropped (a hidden document's path came back in
+421 probes); kb.lexeme_stats listed every word of the hidden chunks, kb.lexical_pending held
+hidden chunk ids without any policy, and EXPLAIN on kb.access_grants found every granted role
+and group. From here the reader role holds no privilege on any kb table, column or sequence:
+it executes the reader API (kb.search and its arms, kb.list_documents, kb.get_document,
+kb.get_chunk, kb.get_embedding_space, kb.stats, kb.list_grants, kb.access_status), which runs
+with its owner's rights and applies the caller's grants itself (sql/015: the caller is the
+SET ROLE role, else the login role). Writers and the owner keep table access.
+
+Signature changes (CHANGELOG; internal functions only): the arms and their helpers take the
+caller's visibility (kb._search_vector, kb._search_lexical, kb._bm25_rank, kb._chunk_filter_sql,
+kb._filtered_rows_estimate gain `visible_groups`; the graph arm's body moves to
+kb._expand_graph). The old signatures are dropped here, with kb.search_vector and
+kb.search_lexical, whose SQL-standard bodies depend on them; the sql/ files at head create
+every function again and _access_apply_grants revokes the reader's table privileges.
+Downgrading drops what the files at head added: the previous package's `kbpg db upgrade`
+creates its own functions and grants again.
+"""
+
+from __future__ import annotations
+
+from alembic import op
+
+revision = "0012"
+down_revision = "0011"
+branch_labels = None
+depends_on = None
+
+UPGRADE = """
+drop function if exists kb.search_vector(vector, integer, text[], text, text[], double precision,
+                                         vector[]);
+drop function if exists kb.search_lexical(text, integer, text[], text, text[]);
+drop function if exists kb._search_vector(vector, integer, text[], text, text[], double precision,
+                                          vector[], boolean);
+drop function if exists kb._search_lexical(text, integer, text[], text, text[], bigint[]);
+drop function if exists kb._bm25_rank(text[], double precision[], double precision, tsquery,
+                                      bigint[], integer, text[], text, text[], boolean);
+drop function if exists kb._chunk_filter_sql(text, text, text, text, text[], text, text[]);
+drop function if exists kb._filtered_rows_estimate(text, text[], text, text[]);
+"""
+
+DOWNGRADE = """
+-- SQL-standard bodies first: they depend on the functions dropped after them
+drop function if exists kb.search_vector(vector, integer, text[], text, text[], double precision,
+                                         vector[]);
+drop function if exists kb.search_lexical(text, integer, text[], text, text[]);
+drop function if exists kb.expand_graph(bigint[], integer, integer, double precision, text[], text,
+                                        text[]);
+drop function if exists kb.access_status();
+drop function if exists kb.get_embedding_space();
+drop function if exists kb.stats();
+drop function if exists kb.list_documents(text);
+drop function if exists kb.get_document(text[]);
+drop function if exists kb.get_chunk(bigint);
+drop function if exists kb._visible_to(text[], text[]);
+drop function if exists kb._search_vector(vector, integer, text[], text, text[], double precision,
+                                          vector[], boolean, text[]);
+drop function if exists kb._search_lexical(text, integer, text[], text, text[], bigint[], text[]);
+drop function if exists kb._bm25_rank(text[], double precision[], double precision, tsquery,
+                                      bigint[], integer, text[], text, text[], boolean, text[]);
+drop function if exists kb._expand_graph(bigint[], integer, integer, double precision, text[],
+                                         text, text[], text[]);
+drop function if exists kb._chunk_filter_sql(text, text, text, text, text, text[], text, text[],
+                                             text[]);
+drop function if exists kb._filtered_rows_estimate(text[], text, text[], text[], text);
+drop function if exists kb._access_reader_api();
+drop function if exists kb._access_visibility();
+drop function if exists kb._access_groups_of(oid);
+drop function if exists kb._access_reads_all_as(oid);
+drop function if exists kb._access_caller();
+-- kept, replaced by the previous package's files: callable by every role again, as they were
+alter function kb.search(text, vector, integer, text[], text, text[], double precision, integer,
+                         integer, integer, double precision, double precision, double precision,
+                         boolean, boolean, integer, integer, double precision, vector[], integer)
+    security invoker;
+alter function kb.list_grants(text) security invoker;
+grant execute on function kb.search(text, vector, integer, text[], text, text[], double precision,
+                                    integer, integer, integer, double precision, double precision,
+                                    double precision, boolean, boolean, integer, integer,
+                                    double precision, vector[], integer) to public;
+grant execute on function kb.list_grants(text) to public;
+"""
+
+
+def upgrade() -> None:
+    op.get_bind().exec_driver_sql(UPGRADE)
+
+
+def downgrade() -> None:
+    op.get_bind().exec_driver_sql(DOWNGRADE)
