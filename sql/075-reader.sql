@@ -137,6 +137,7 @@ language sql
 stable
 security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 begin atomic
     select e.model, e.dimension, e.layout,
            pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null
