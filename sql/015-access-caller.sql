@@ -76,3 +76,29 @@ comment on function kb._access_visibility() is
     'What the caller may read: NULL for every chunk (access control off, or a caller that '
     'reads all), else its groups: it reads chunks without groups and chunks sharing one of '
     'them. Every function a reader calls passes this to the arms.';
+
+create or replace function kb._tuning(setting_name text, low bigint, high bigint)
+returns bigint
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    value constant text := nullif(pg_catalog.current_setting(setting_name, true), '');
+begin
+    if value is null then
+        return null;
+    end if;
+    -- the owner's tests and benchmarks may force any path; a reader (who may SET any kb.*
+    -- setting in psql) stays within the documented cost bound
+    if kb._access_reads_all_as(kb._access_caller()) then
+        return value::bigint;
+    end if;
+    return least(greatest(value::numeric, low), high)::bigint;
+end
+$$;
+comment on function kb._tuning(text, bigint, bigint) is
+    'A kb.* tuning setting (kb.vector_exact_limit, ...) as a number, NULL when unset: as set for '
+    'a caller that reads everything (the owner, a writer), else kept between low and high, so '
+    'a reader cannot SET its way past the query cost bound.';

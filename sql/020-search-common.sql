@@ -170,3 +170,23 @@ end
 $$;
 comment on function kb._check_max_per_doc(integer) is
     'Raise SQLSTATE 22023 unless max_per_doc is NULL (no cap) or >= 1.';
+
+create or replace function kb._check_filter_lists(groups text[], labels text[])
+returns void
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- each listed name is an index lookup on every arm
+    if coalesce(cardinality(groups), 0) > 1000 or coalesce(cardinality(labels), 0) > 1000 then
+        raise exception 'a filter lists % groups and % labels, over the limit of 1000 each',
+                coalesce(cardinality(groups), 0), coalesce(cardinality(labels), 0)
+            using errcode = 'KB003', hint = 'filter by at most 1000 groups and 1000 labels';
+    end if;
+end
+$$;
+comment on function kb._check_filter_lists(text[], text[]) is
+    'Raise SQLSTATE KB003 (query cost bound) when a groups or labels filter lists over 1000 names.';

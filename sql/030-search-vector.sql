@@ -63,6 +63,16 @@ begin
                 coalesce(_search_vector.min_similarity::text, 'NULL')
             using errcode = '22023', hint = 'cosine similarity floors are in [-1, 1]; 0.30 is the default';
     end if;
+    perform kb._check_filter_lists(_search_vector.groups, _search_vector.labels);
+    -- the cost bound: each extra embedding is one more scan of the vector index (1,000 of them
+    -- held a backend a minute)
+    if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 16 then
+        raise exception 'extra_embeddings holds % vectors, over the limit of 16',
+                cardinality(_search_vector.extra_embeddings)
+            using errcode = 'KB003',
+                  hint = 'each extra embedding (a paraphrase of the question) is one more scan of '
+                         'the vector index: pass at most 16';
+    end if;
     if _search_vector.query_embedding is null then
         if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 0 then
             raise exception 'extra_embeddings given without query_embedding'
@@ -96,7 +106,7 @@ begin
         else exact_sql end;
     if space_layout = 'binary' then
         candidates := _search_vector.match_count * coalesce(
-            nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 16);
+            kb._tuning('kb.vector_rerank_factor', 1, 32)::integer, 16);
     end if;
     perform pg_catalog.set_config('hnsw.ef_search',
         least(1000, greatest(40, 8 * _search_vector.match_count, candidates))::text, true);
@@ -109,7 +119,7 @@ begin
     if filter_sql <> 'true'
        and not pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass) then
         -- kb.vector_exact_limit overrides the crossover (tests force either path with it)
-        select coalesce(nullif(pg_catalog.current_setting('kb.vector_exact_limit', true), '')::bigint,
+        select coalesce(kb._tuning('kb.vector_exact_limit', 0, 100000),
                         greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
           into exact_limit from kb.corpus_stats s;
         -- estimated (counting the rows of a 1% filter at 1M chunks took 14 ms of its 100)

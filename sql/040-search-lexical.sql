@@ -270,6 +270,7 @@ declare
     restricted constant boolean := _search_lexical.visible_groups is not null;
 begin
     perform kb._check_match_count(_search_lexical.match_count);
+    perform kb._check_filter_lists(_search_lexical.groups, _search_lexical.labels);
     select * into qt from kb._query_terms(_search_lexical.query_text);
     select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
       into n_chunks, avgdl from kb.corpus_stats s;
@@ -313,7 +314,7 @@ begin
     -- below this many postings exact scoring from the tsvector (~8 us a row) beats summing
     -- every block (~0.4 ms a block); kb.lexical_exhaustive_limit overrides it (tests)
     exhaustive_limit := coalesce(
-        nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
+        kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
         300 + 40 * cached_blocks);
 
     -- exact scoring straight from the tsvector when it reads few rows (or with no usable cache)
@@ -323,7 +324,7 @@ begin
         -- a selective filter hides most cached candidates (k / selectivity of them would be
         -- rescored): below a few thousand chunks, score the filtered chunks directly
         filtered_limit := coalesce(
-            nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
+            kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
             greatest(exhaustive_limit, 5000));
         -- up to 5% of the chunks (at least 20,000): a penalty per block, 0 where the filter
         -- keeps the chunk and 1e9 where it drops it, subtracted from the block sums, so the
@@ -335,7 +336,7 @@ begin
         -- unchanged; a subtraction, as pgvector's multiplication checks every product for
         -- underflow (96 us a block against 10)
         mask_limit := coalesce(
-            nullif(pg_catalog.current_setting('kb.lexical_mask_limit', true), '')::bigint,
+            kb._tuning('kb.lexical_mask_limit', 0, 200000),
             greatest(20000, n_chunks / 20));
         -- the filtered chunks' ids when the caller read them (kb.search, from the vector arm's
         -- exact path): counted, and the mask built from them, without reading them again

@@ -4,8 +4,9 @@
 -- separately (src via the primary key, dst via edges_dst): one recursive CTE that OR-ed both
 -- ends in its join was measured ~400x slower. Cycle-safe and linear in what it reads: a chunk
 -- is expanded again only when its best score improved (at most max_depth times), bounded in
--- depth, in fan-out (the 32 heaviest edges per chunk and direction) and per level (the 10,000
--- best-scoring chunks a level improves).
+-- depth, in fan-out (the 32 heaviest edges per chunk and direction), per level (the 10,000
+-- best-scoring chunks a level improves) and in all (at most 1,000 seeds, else SQLSTATE KB003,
+-- and 5,000 chunks expanded over the walk, the best-scoring first).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
 -- Access control is different: an edge is visible only when both its chunks are (the
@@ -45,6 +46,10 @@ declare
     frontier_scores double precision[];
     frontier_via bigint[];
     restricted constant boolean := _expand_graph.visible_groups is not null;
+    -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
+    -- on a graph of 64 edges a chunk, 1,000 seeds took 10-17 s before this bound)
+    budget constant integer := 5000;
+    expanded integer := 0;
 begin
     if _expand_graph.max_depth is null or _expand_graph.max_depth not between 1 and 5 then
         raise exception 'max_depth must be between 1 and 5, got %', coalesce(_expand_graph.max_depth::text, 'NULL')
@@ -58,6 +63,13 @@ begin
         raise exception 'min_score must be between 0 and 1, got %', coalesce(_expand_graph.min_score::text, 'NULL')
             using errcode = '22023', hint = 'path scores are products of edge weights in [0, 1]';
     end if;
+    -- the cost bound: seeds and chunks expanded (each reads up to 64 edges)
+    if cardinality(_expand_graph.seed_chunk_ids) > 1000 then
+        raise exception 'the graph walk starts from % seed chunks, over the limit of 1000',
+                cardinality(_expand_graph.seed_chunk_ids)
+            using errcode = 'KB003', hint = 'walk from at most 1000 chunks (kb.search passes its vector or lexical hits)';
+    end if;
+    perform kb._check_filter_lists(_expand_graph.groups, _expand_graph.labels);
     if coalesce(cardinality(_expand_graph.seed_chunk_ids), 0) = 0 or _expand_graph.max_returned = 0 then
         return;
     end if;
@@ -77,7 +89,15 @@ begin
     frontier_ids := best_ids;
     frontier_scores := best_scores;
     for hop in 1.._expand_graph.max_depth loop
-        exit when coalesce(cardinality(frontier_ids), 0) = 0;
+        exit when coalesce(cardinality(frontier_ids), 0) = 0 or expanded >= budget;
+        -- the walk's budget: the best-scoring chunks of the frontier, as many as it has left
+        if cardinality(frontier_ids) > budget - expanded then
+            select array_agg(f.id order by f.score desc, f.id), array_agg(f.score order by f.score desc, f.id)
+              into frontier_ids, frontier_scores
+              from (select u.id, u.score from unnest(frontier_ids, frontier_scores) as u(id, score)
+                     order by u.score desc, u.id limit budget - expanded) f;
+        end if;
+        expanded := expanded + cardinality(frontier_ids);
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
         -- best-scoring chunks when a level would reach more

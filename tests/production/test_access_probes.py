@@ -67,7 +67,11 @@ def _normalized(lines: list[str], value: Any) -> list[str]:
     quoted = re.compile(r"(?<=['{(])" + re.escape(str(value)) + r"(?=['},)])")
     out = []
     for line in lines:
-        line = quoted.sub("<value>", line) if isinstance(value, int) else line.replace(value, "<value>")
+        line = (
+            quoted.sub("<value>", line)
+            if isinstance(value, int)
+            else line.replace(value, "<value>")
+        )
         for pattern in _NOISE:
             line = pattern.sub("", line)
         if line.strip():

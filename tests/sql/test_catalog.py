@@ -116,7 +116,9 @@ READER_API = {
 
 def test_every_function_pins_search_path_and_only_the_reader_api_is_security_definer(functions):
     for name, _kind, _vol, secdef, _par, config, _src, _trigger, sqlbody in functions:
-        assert bool(secdef) == (name.split("(")[0] in READER_API), f"{name}: SECURITY DEFINER {secdef}"
+        assert bool(secdef) == (name.split("(")[0] in READER_API), (
+            f"{name}: SECURITY DEFINER {secdef}"
+        )
         if secdef:
             # what a SECURITY DEFINER function resolves by name: nothing a caller can create
             assert "search_path=pg_catalog, pg_temp" in config, f"{name}: {config}"
