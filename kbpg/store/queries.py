@@ -320,6 +320,16 @@ VECTOR_INDEX_PRESENT: Final = (
     "select pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null"
 )
 DROP_VECTOR_INDEX: Final = "drop index kb.chunks_embedding_hnsw"
+# other sessions holding a lock on kb.chunks (its state and start: visible to the same role or
+# pg_read_all_stats only, NULL otherwise)
+CHUNKS_LOCK_HOLDERS: Final = """
+select distinct a.pid, a.usename, a.application_name, a.state, a.xact_start
+  from pg_catalog.pg_locks l
+  join pg_catalog.pg_stat_activity a on a.pid = l.pid
+ where l.locktype = 'relation' and l.relation = 'kb.chunks'::pg_catalog.regclass
+   and l.granted and l.pid <> pg_catalog.pg_backend_pid()
+ order by a.pid
+"""
 # dropping or building the index takes its owner's privileges (those of kb.chunks' owner)
 MAY_REBUILD_VECTOR_INDEX: Final = (
     "select pg_catalog.pg_has_role(c.relowner, 'USAGE') from pg_catalog.pg_class c"
