@@ -11,7 +11,7 @@ from pathlib import Path
 
 from kbpg.errors import IngestError, InvalidInput
 from kbpg.ingest.document import Document, LoadFailure
-from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_name
+from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_filter_name
 from kbpg.ingest.loaders import SUPPORTED_SUFFIXES, iter_file
 
 __all__ = ["discover", "iter_documents", "parse_size", "printable"]
@@ -180,10 +180,10 @@ def iter_documents(
 ) -> Iterator[Document | LoadFailure]:
     """Every document in the files under `roots`, with the command line's defaults applied."""
     try:
-        for value, what in [*((g, "group") for g in groups), *((v, "label") for v in labels)]:
-            check_name(value, what, "command line")
+        for value, what in [*((g, "--group") for g in groups), *((v, "--label") for v in labels)]:
+            check_filter_name(value, what, "command line")
         if category is not None:
-            check_name(category, "category", "command line")
+            check_filter_name(category, "--category", "command line")
     except IngestError as exc:
         raise InvalidInput(exc.message) from None
     for found in discover(roots, recursive=recursive, glob=glob, follow_symlinks=follow_symlinks):

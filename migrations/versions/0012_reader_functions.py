@@ -1,4 +1,5 @@
-"""Readers read through SECURITY DEFINER functions only: no privilege on kb's tables.
+"""Readers read through SECURITY DEFINER functions only: no privilege on kb's tables; blank
+group, label and category names are refused by the tables themselves.
 
 Revision ID: 0012
 Revises: 0011
@@ -23,6 +24,14 @@ kb.search_lexical, whose SQL-standard bodies depend on them; the sql/ files at h
 every function again and _access_apply_grants revokes the reader's table privileges.
 Downgrading drops what the files at head added: the previous package's `kbpg db upgrade`
 creates its own functions and grants again.
+
+Blank names: a group list holding "" (or " ") made ingest store no groups at all, i.e. a
+public document, and `--group ""` stored {""}, readable by no one. Ingest refuses them now,
+naming the file or line; these CHECK constraints refuse them for every other writer (SQL, table
+sources). NOT VALID: rows stored before are not scanned (a 1M-chunk table would be read in the
+migration) and stay as they are; `SELECT source FROM kb.documents WHERE NOT
+kb._no_blank_names(groups)` finds them. kb._no_blank_names is frozen here: the constraints call
+it.
 """
 
 from __future__ import annotations
@@ -45,9 +54,31 @@ drop function if exists kb._bm25_rank(text[], double precision[], double precisi
                                       bigint[], integer, text[], text, text[], boolean);
 drop function if exists kb._chunk_filter_sql(text, text, text, text, text[], text, text[]);
 drop function if exists kb._filtered_rows_estimate(text, text[], text, text[]);
+
+create function kb._no_blank_names(names text[]) returns boolean
+language sql
+immutable
+parallel safe
+set search_path = pg_catalog, pg_temp
+return not exists (select 1 from pg_catalog.unnest(names) as n
+                    where n is null or n operator(pg_catalog.~) '^[[:space:]]*$');
+comment on function kb._no_blank_names(text[]) is
+    'True unless a name in the list is NULL, empty or only white space (CHECK on groups, labels).';
+
+alter table kb.documents
+    add constraint documents_names_not_blank
+    check (kb._no_blank_names(groups) and kb._no_blank_names(labels)
+           and (category is null or category operator(pg_catalog.!~) '^[[:space:]]*$')) not valid;
+alter table kb.chunks
+    add constraint chunks_names_not_blank
+    check (kb._no_blank_names(groups) and kb._no_blank_names(labels)
+           and (category is null or category operator(pg_catalog.!~) '^[[:space:]]*$')) not valid;
 """
 
 DOWNGRADE = """
+alter table kb.chunks drop constraint chunks_names_not_blank;
+alter table kb.documents drop constraint documents_names_not_blank;
+drop function kb._no_blank_names(text[]);
 -- SQL-standard bodies first: they depend on the functions dropped after them
 drop function if exists kb.search_vector(vector, integer, text[], text, text[], double precision,
                                          vector[]);
