@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
@@ -315,10 +316,17 @@ def load_html(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
 # -- PDF --------------------------------------------------------------------------------------
 
 
+_QUIET = logging.NullHandler()
+
+
 def load_pdf(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     import io
 
     import pypdf
+
+    # pypdf logs what it repairs ("EOF marker not found"); with no handler configured Python
+    # printed it raw on stderr, beside kbpg's own `skipped PATH: reason` line
+    logging.getLogger("pypdf").addHandler(_QUIET)
 
     data = read_limited(path, max_bytes)
     try:

@@ -13,26 +13,11 @@ from kbpg.errors import IngestError, InvalidInput
 from kbpg.ingest.document import Document, LoadFailure
 from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_filter_name
 from kbpg.ingest.loaders import SUPPORTED_SUFFIXES, iter_file
+from kbpg.text import printable
 
 __all__ = ["discover", "iter_documents", "parse_size", "printable"]
 
-# Characters that would let a file name (or a title, or a reason quoting either) forge a line,
-# a column or a terminal escape when printed: C0/C1 controls, DEL, line/paragraph separators,
-# bidirectional overrides, lone surrogates (undecodable bytes in a name).
-_UNPRINTABLE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*", re.I)
-
-
-def printable(text: str) -> str:
-    """`text` safe to print on one line: control and invisible characters escaped (`\\n`,
-    `\\x1b`, `\\u202e`), so a name with a newline cannot forge a line of output."""
-    if not _UNPRINTABLE.search(text):
-        return text
-    return _UNPRINTABLE.sub(
-        lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text
-    )
 
 
 def parse_size(text: str) -> int:
@@ -116,6 +101,11 @@ def discover(
             continue
         if is_file:
             yield path
+            continue
+        if not path.is_dir():  # a device, FIFO or socket: reading it could block or never end
+            yield LoadFailure(
+                str(path), "not a regular file or directory (a device, FIFO or socket)"
+            )
             continue
         found_files: list[Path] = []
         for found in _walk(path, recursive, follow_symlinks):
