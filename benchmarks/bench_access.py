@@ -29,10 +29,8 @@ from __future__ import annotations
 
 import argparse
 import random
-import re
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -55,6 +53,7 @@ from bench_search import (
     query_embedding,
     query_texts,
 )
+from bench_search import install_before as install_rev
 
 from kbpg.store import db as kdb
 from kbpg.store.embedded import EmbeddedServer
@@ -99,33 +98,12 @@ def exhaustive_bm25(conn: psycopg.Connection[Any], groups: list[str], text: str)
 
 
 def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
-    """REV's search functions (sql/010-070) in schema kb_before, their calls to one another
-    renamed; they read today's kb tables, and readers may run them with REV's table grants."""
-    git = ["git", "-C", str(Path(__file__).resolve().parent.parent)]
-    names = subprocess.run(
-        [*git, "ls-tree", "--name-only", rev, "sql/"], capture_output=True, text=True, check=True
-    ).stdout.split()
-    texts = [
-        subprocess.run(
-            [*git, "show", f"{rev}:{name}"], capture_output=True, text=True, check=True
-        ).stdout
-        for name in sorted(names)
-        if re.match(r"sql/0[1-7]\d-", name)
-    ]
-    defined = set(re.findall(r"create or replace function kb\.(\w+)", "\n".join(texts)))
-    calls = re.compile(r"\bkb\.(" + "|".join(sorted(defined, key=len, reverse=True)) + r")\b")
-    with conn.transaction():
-        conn.execute("drop schema if exists kb_before cascade")
-        conn.execute("create schema kb_before")
-        conn.execute("set local search_path = pg_catalog, pg_temp")
-        for text in texts:
-            conn.execute(
-                calls.sub(r"kb_before.\1", text.replace("@extschema:vector@", "public")).encode()
-            )
-        for role in READERS:
-            conn.execute(f"grant usage on schema kb_before to {role}")
-            conn.execute(f"grant select on all tables in schema kb to {role}")
-    log(f"{rev}'s functions ({len(defined)}) installed in schema kb_before")
+    """REV's search functions in schema kb_before (bench_search.install_before); readers may
+    run them with REV's table grants (SELECT under row-level security)."""
+    install_rev(conn, rev)
+    for role in READERS:
+        conn.execute(f"grant usage on schema kb_before to {role}")
+        conn.execute(f"grant select on all tables in schema kb to {role}")
 
 
 def main() -> None:

@@ -207,7 +207,7 @@ def _orphaned_backends(pgdata: Path) -> list[psutil.Process]:
 
 def _pid_present(pid: int) -> bool:
     """Whether a process of that pid exists at all (a zombie too)."""
-    return psutil.pid_exists(pid)
+    return bool(psutil.pid_exists(pid))
 
 
 def _clear_socket_locks(directory: Path, pgdata: Path) -> None:
