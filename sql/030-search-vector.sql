@@ -66,12 +66,12 @@ begin
     perform kb._check_filter_lists(_search_vector.groups, _search_vector.labels);
     -- the cost bound: each extra embedding is one more scan of the vector index (1,000 of them
     -- held a backend a minute)
-    if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 16 then
-        raise exception 'extra_embeddings holds % vectors, over the limit of 16',
+    if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 8 then
+        raise exception 'extra_embeddings holds % vectors, over the limit of 8',
                 cardinality(_search_vector.extra_embeddings)
             using errcode = 'KB003',
                   hint = 'each extra embedding (a paraphrase of the question) is one more scan of '
-                         'the vector index: pass at most 16';
+                         'the vector index: pass at most 8';
     end if;
     if _search_vector.query_embedding is null then
         if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 0 then

@@ -6,7 +6,7 @@
 -- is expanded again only when its best score improved (at most max_depth times), bounded in
 -- depth, in fan-out (the 32 heaviest edges per chunk and direction), per level (the 10,000
 -- best-scoring chunks a level improves) and in all (at most 1,000 seeds, else SQLSTATE KB003,
--- and 5,000 chunks expanded over the walk, the best-scoring first).
+-- and 2,000 chunks expanded over the walk, the best-scoring first).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
 -- Access control is different: an edge is visible only when both its chunks are (the
@@ -47,8 +47,9 @@ declare
     frontier_via bigint[];
     restricted constant boolean := _expand_graph.visible_groups is not null;
     -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
-    -- on a graph of 64 edges a chunk, 1,000 seeds took 10-17 s before this bound)
-    budget constant integer := 5000;
+    -- on a graph of 64 edges a chunk, 1,000 seeds read 64,000 edges a level, 10-17 s, before
+    -- this bound); kb.graph_walk_budget lowers it (tests), and only the owner may raise it
+    budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 2000), 2000);
     expanded integer := 0;
 begin
     if _expand_graph.max_depth is null or _expand_graph.max_depth not between 1 and 5 then
