@@ -159,7 +159,8 @@ returns table (
     indexed boolean,
     bm25_chunks bigint,
     bm25_tokens bigint,
-    bm25_lexemes bigint
+    bm25_lexemes bigint,
+    language text
 )
 language plpgsql
 stable
@@ -190,7 +191,8 @@ begin
            s.model, s.dimension, s.layout, s.indexed,
            (select t.chunk_count from kb.corpus_stats t),
            (select t.total_tokens from kb.corpus_stats t),
-           (select pg_catalog.count(*) from kb.lexeme_stats)
+           (select pg_catalog.count(*) from kb.lexeme_stats),
+           (select l.name from kb.language l)
       from (select 1) one
       left join kb.get_embedding_space() s on true;
 end
@@ -198,4 +200,5 @@ $$;
 comment on function kb.stats() is
     'Counts the caller may see: its readable documents, chunks (and those without an embedding) '
     'and edges by relation; the embedding space; the global BM25 statistics (chunk count, '
-    'total length, number of distinct lexemes: never the lexemes themselves).';
+    'total length, number of distinct lexemes: never the lexemes themselves); the knowledge '
+    'base''s language (kb.language).';

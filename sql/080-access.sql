@@ -105,9 +105,10 @@ begin
         execute format('grant select, insert, update, delete on all tables in schema kb to %I',
                        s.writer_role);
         execute format('grant usage, select on all sequences in schema kb to %I', s.writer_role);
-        -- a writer ingests; it does not decide who reads what
-        execute format('revoke insert, update, delete on kb.access_grants, kb.access_settings from %I',
-                       s.writer_role);
+        -- a writer ingests; it does not decide who reads what, nor the language (only
+        -- kb.set_language, the owner's, changes it: it re-analyses every chunk with it)
+        execute format('revoke insert, update, delete, truncate on kb.access_grants, kb.access_settings, '
+                       'kb.language from %I', s.writer_role);
     end if;
     -- kbpg checks the schema version before it searches or writes
     select c.oid::regclass into version_table

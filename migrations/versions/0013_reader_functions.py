@@ -1,8 +1,8 @@
 """Readers read through SECURITY DEFINER functions only: no privilege on kb's tables; blank
 group, label and category names are refused by the tables themselves.
 
-Revision ID: 0012
-Revises: 0011
+Revision ID: 0013
+Revises: 0012
 Create Date: 2026-12-02
 
 Row-level security was no boundary against a reader with psql: text equality and starts_with
@@ -14,7 +14,10 @@ and group. From here the reader role holds no privilege on any kb table, column 
 it executes the reader API (kb.search and its arms, kb.list_documents, kb.get_document,
 kb.get_chunk, kb.get_embedding_space, kb.stats, kb.list_grants, kb.access_status), which runs
 with its owner's rights and applies the caller's grants itself (sql/015: the caller is the
-SET ROLE role, else the login role). Writers and the owner keep table access.
+SET ROLE role, else the login role). Writers and the owner keep table access; kb.language
+(0012) a writer reads but no longer writes: only kb.set_language, the owner's, changes it,
+re-analysing every chunk (an UPDATE alone left the chunks in the old language, the queries in
+the new one). A reader learns the language from kb.stats().
 
 Signature changes (CHANGELOG; internal functions only): the arms and their helpers take the
 caller's visibility (kb._search_vector, kb._search_lexical, kb._bm25_rank, kb._chunk_filter_sql,
@@ -38,8 +41,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0012"
-down_revision = "0011"
+revision = "0013"
+down_revision = "0012"
 branch_labels = None
 depends_on = None
 
