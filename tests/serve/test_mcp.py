@@ -181,7 +181,11 @@ def test_every_line_gets_an_answer_and_arguments_are_strict(
         )  # fmt: skip
 
     try:
-        hello = {"protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": {"name": "t"}}
+        hello = {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        }
         init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
         assert "result" in exchange(json.dumps(init), wait=240)
         process.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
