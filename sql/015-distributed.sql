@@ -448,7 +448,8 @@ create or replace function kb._bm25_rank_distributed(
     filter_labels text[] default null,
     filter_first boolean default false,
     uncached_since bigint default null,
-    rare tsquery default null
+    rare tsquery default null,
+    visible_groups text[] default null
 )
 returns table (rank integer, chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
@@ -459,7 +460,7 @@ as $$
 #variable_conflict use_column
 declare
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', filter_groups, filter_category, filter_labels);
+        'c', '$1', '$2', '$3', '$13', filter_groups, filter_category, filter_labels, visible_groups);
     -- kb._bm25_rank's sources; with uncached_since (the impact cache's watermark) the
     -- candidates also take, in the same statement, what the single-server arm reads first: the
     -- chunks above the watermark, those changed since the cache was built (kb.lexical_pending,
@@ -495,7 +496,8 @@ begin
         from_sql, source_sql, filter_sql,
         case when excluded is null then '' else 'and not c.tsv operator(pg_catalog.@@) $7' end)
     using filter_groups, filter_category, filter_labels, terms, idfs, avgdl, excluded,
-          kb._lexemes_tsquery(terms), candidate_ids, limit_count, uncached_since, rare
+          kb._lexemes_tsquery(terms), candidate_ids, limit_count, uncached_since, rare,
+          visible_groups
     loop
         ranked := ranked + 1;
         rank := ranked;
@@ -506,10 +508,11 @@ begin
     end loop;
 end
 $$;
-comment on function kb._bm25_rank_distributed(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, bigint, tsquery) is
-    'Distributed layout: kb._bm25_rank with the sort and cut on each shard; uncached_since (the '
-    'cache''s watermark) also rescores the chunks above it, in kb.lexical_pending and holding '
-    'a rare term, in the same statement. Internal to the lexical arm.';
+comment on function kb._bm25_rank_distributed(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, bigint, tsquery, text[]) is
+    'Distributed layout: kb._bm25_rank with the sort and cut on each shard, among the chunks '
+    'visible_groups lets the caller read (NULL: all); uncached_since (the cache''s watermark) '
+    'also rescores the chunks above it, in kb.lexical_pending and holding a rare term, in the '
+    'same statement. Internal to the lexical arm.';
 
 create or replace function kb._search_results_distributed(
     rrf_k integer,

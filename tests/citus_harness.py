@@ -361,12 +361,22 @@ class Comparison:
 
 
 def compare(
-    single_url: str, distributed_url: str, corpus: Corpus, *, exact_vectors: bool = False
+    single_url: str,
+    distributed_url: str,
+    corpus: Corpus,
+    *,
+    exact_vectors: bool = False,
+    role: str | None = None,
 ) -> Comparison:
-    """Every variant on every query, on both databases (exact_vectors: without HNSW)."""
+    """Every variant on every query, on both databases (exact_vectors: without HNSW; role: the
+    sessions SET ROLE to it first, as kbpg's sessions do for a principal)."""
     result = Comparison()
     extra = EXACT_VECTORS if exact_vectors else ()
     with kdb.connect(single_url) as one, kdb.connect(distributed_url) as many:
+        if role is not None:
+            for conn in (one, many):
+                conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
+                conn.commit()
         for variant in variants(corpus):
             for i in range(len(corpus.queries)):
                 params = parameters(corpus, i)

@@ -47,14 +47,16 @@ begin
         raise exception 'access control is enforced: its row-level security policies read other '
                         'tables, which Citus does not allow on distributed tables'
             using errcode = '0A000',
-                  hint = 'kb.access_disable() first; access control on a distributed knowledge '
-                         'base is not supported yet';
+                  hint = 'kb.access_disable(), distribute, then kb.access_enable() again: the '
+                         'distributed layout has policies Citus accepts';
     end if;
     -- triggers run on the shards (the statistics triggers of sql/015 write only there)
     set local citus.enable_unsafe_triggers = on;
     set local citus.multi_shard_modify_mode = sequential;
 
-    -- access control's visibility policies use subqueries (not allowed on distributed tables)
+    -- access control's visibility policies use subqueries (not allowed on distributed tables);
+    -- kb._access_apply_grants() below gives the writer role a policy without one, and readers
+    -- read through the reader API, which applies their grants itself (sql/080)
     drop policy if exists access_visible on kb.documents;
     drop policy if exists access_visible on kb.chunks;
     drop policy if exists access_visible on kb.edges;

@@ -34,6 +34,7 @@ INLINED = [
     "kb._chunk_matches_filters",
     "kb._bm25_score",
     "kb._distributed",
+    "kb._visible_to",
 ]
 
 FROZEN = {
