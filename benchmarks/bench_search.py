@@ -498,23 +498,34 @@ def query_embedding(centroids: np.ndarray, draw: np.random.Generator) -> np.ndar
     return np.asarray(v / np.linalg.norm(v), dtype=np.float32)
 
 
+def query_items(
+    info: dict[str, Any], seed: int, n: int
+) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
+    """The two query sets with their query embeddings, (text, embedding) per query, as `run`
+    times them (bench_hnsw_recall.py measures recall on the same ones)."""
+    nrng = np.random.default_rng(seed + 1)
+    texts = query_texts(info, random.Random(seed + 1), n)
+    return [
+        (name, [(t, query_embedding(info["centroids"], nrng)) for t in ts])
+        for name, ts in texts.items()
+    ]
+
+
 def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
     log(
         f"load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s, HNSW {info['hnsw_s']:.0f} s,"
         f" BM25 impact cache {info['lexical_cache_s']:.0f} s; sizes {info['sizes']}"
     )
     prewarm(conn)
-    rng = random.Random(args.seed + 1)
-    nrng = np.random.default_rng(args.seed + 1)
     frequent = info["frequent_words"]
     log(
         "frequent words (share of chunks containing them): "
         + ", ".join(f"{w} {share:.0%}" for w, share in frequent[:12])
     )
-    query_sets = query_texts(info, rng, args.queries)
+    sets = query_items(info, args.seed, args.queries)
     centroids: np.ndarray = info["centroids"]
 
-    def embedding(draw: np.random.Generator = nrng) -> np.ndarray:
+    def embedding(draw: np.random.Generator) -> np.ndarray:
         return query_embedding(centroids, draw)
 
     # warm the caches (a just-started server reads the HNSW graph and the lexical cache from
@@ -525,7 +536,7 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
     warm_texts = [
         " ".join(w for w, _ in warm_rng.sample(frequent[:15], warm_rng.randint(2, 3)))
         for _ in range(args.queries)
-    ] + [q for q in info["npl_queries"] if q not in query_sets["NPL questions"]]
+    ] + [q for q in info["npl_queries"] if q not in {t for t, _ in dict(sets)["NPL questions"]}]
     for text in warm_texts:
         conn.execute("select * from kb.search(%s, %s)", (text, embedding(warm_nrng))).fetchall()
 
@@ -630,7 +641,6 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         log(f"{'':48} {'p50 ms':>8} {'p95 ms':>8} {'p50 ms':>8} {'p95 ms':>8}  same  now/before")
     else:
         log(f"\n{'':48} {'p50 ms':>8} {'p95 ms':>8}")
-    sets = [(name, [(t, embedding()) for t in texts]) for name, texts in query_sets.items()]
     vector_results: dict[str, list[Any]] = {}
     for _ in range(args.repeat):
         for set_name, items in sets:
