@@ -130,6 +130,7 @@ def measure(
     truth: dict[str, list[list[int]]],
     efs: list[int],
     fetched: list[int],
+    retries: list[int],
 ) -> list[dict[str, Any]]:
     sql = (
         "select id from (select id, embedding <=> %(q)s as d from kb.chunks"
@@ -137,22 +138,32 @@ def measure(
         " where 1 - x.d >= %(floor)s order by d, id limit %(pool)s"
     )
     out: list[dict[str, Any]] = []
-    for ef, n, name in [(e, n, name) for e in efs for n in fetched for name in sets]:
+    combinations = [(e, n, r, name) for e in efs for n in fetched for r in retries for name in sets]
+    for ef, n, retry, name in combinations:
         queries = sets[name]
         times: list[float] = []
         recalls: list[float] = []
+        retried = 0
         for q, true_ids in zip(queries, truth[name], strict=True):
             with conn.transaction():
                 conn.execute(f"set local hnsw.ef_search = {ef}")
                 conn.execute("set local hnsw.iterative_scan = relaxed_order")
                 started = time.perf_counter()
                 rows = conn.execute(sql, {"q": q, "n": n, "pool": POOL, "floor": FLOOR}).fetchall()
+                if retry and len(rows) < POOL:  # as kb.search_vector: once more, wider
+                    retried += 1
+                    conn.execute(f"set local hnsw.ef_search = {retry}")
+                    rows = conn.execute(
+                        sql, {"q": q, "n": n, "pool": POOL, "floor": FLOOR}
+                    ).fetchall()
                 times.append((time.perf_counter() - started) * 1000)
             recalls.append(len({r[0] for r in rows} & set(true_ids)) / max(1, len(true_ids)))
         out.append(
             {
                 "ef_search": ef,
                 "candidates": n,
+                "retry": retry,
+                "retried": retried,
                 "set": name,
                 "recall": statistics.mean(recalls),
                 "recalls": recalls,
@@ -162,7 +173,9 @@ def measure(
         )
         log(
             f"ef_search {ef:5}, {n:3} candidates, {name:15}: recall@{POOL} {statistics.mean(recalls):.3f}"
-            f" (queries under .5: {sum(r < 0.5 for r in recalls)} of {len(recalls)}),"
+            f" (queries under .5: {sum(r < 0.5 for r in recalls)} of {len(recalls)}"
+            + (f", {retried} scanned again" if retry else "")
+            + "),"
             f" p50 {statistics.median(times):.1f} ms, p95 {percentile(times, 0.95):.1f} ms"
         )
     return out
@@ -170,24 +183,38 @@ def measure(
 
 def summary(files: list[Path]) -> None:
     """Worst / median / best build per (build parameters, chunks, ef_search, set)."""
-    latest: dict[tuple[str, int, str, int, int], dict[str, Any]] = {}
+    latest: dict[tuple[str, int, str, int, int, int], dict[str, Any]] = {}
     for f in files:
         for line in f.read_text().splitlines():
             r = json.loads(line)  # the same build measured again: its last numbers count
-            key = (r["dir"], r["index_oid"], r["set"], r["ef_search"], r.get("candidates", POOL))
+            key = (
+                r["dir"],
+                r["index_oid"],
+                r["set"],
+                r["ef_search"],
+                r.get("candidates", POOL),
+                r.get("retry", 0),
+            )
             latest[key] = r
-    by: dict[tuple[int, str, str, int, int], list[float]] = defaultdict(list)
+    by: dict[tuple[int, str, str, int, int, int], list[float]] = defaultdict(list)
     for r in latest.values():
-        key = (r["chunks"], r["parameters"], r["set"], r["ef_search"], r.get("candidates", POOL))
+        key = (
+            r["chunks"],
+            r["parameters"],
+            r["set"],
+            r["ef_search"],
+            r.get("candidates", POOL),
+            r.get("retry", 0),
+        )
         by[key].append(r["recall"])
     log(
-        f"\n{'chunks':>9} {'build':32} {'set':15} {'ef':>5} {'fetch':>5} {'builds':>6}"
-        "  worst  median  best"
+        f"\n{'chunks':>9} {'build':32} {'set':15} {'ef':>5} {'fetch':>5} {'retry':>5}"
+        f" {'builds':>6}  worst  median  best"
     )
-    for (chunks, params, name, ef, n), recalls in sorted(by.items()):
+    for (chunks, params, name, ef, n, retry), recalls in sorted(by.items()):
         log(
-            f"{chunks:9,} {params:32} {name:15} {ef:5} {n:5} {len(recalls):6}  {min(recalls):.3f}"
-            f"  {statistics.median(recalls):.3f}  {max(recalls):.3f}"
+            f"{chunks:9,} {params:32} {name:15} {ef:5} {n:5} {retry or '-':>5} {len(recalls):6}"
+            f"  {min(recalls):.3f}  {statistics.median(recalls):.3f}  {max(recalls):.3f}"
         )
 
 
@@ -199,6 +226,13 @@ def main() -> None:
         "--candidates",
         default=str(POOL),
         help="comma-separated: rows the index scan fetches, re-ranked by exact cosine to the top 32",
+    )
+    parser.add_argument(
+        "--retry",
+        default="0,1000",
+        metavar="EF,...",
+        help="as kb.search_vector does: a scan that brings back fewer than 32 chunks above the"
+        " floor runs again at ef_search EF (0: no second scan); each value in turn",
     )
     parser.add_argument("--random", type=int, default=200, help="queries of the random set")
     parser.add_argument("--seed", type=int, default=99, help="seed of the random set")
@@ -223,6 +257,7 @@ def main() -> None:
         sets["random"] = [query_embedding(info["centroids"], draw) for _ in range(args.random)]
     efs = [int(v) for v in args.ef.split(",")]
     fetched = [int(v) for v in args.candidates.split(",")]
+    retries = [int(v) for v in args.retry.split(",")]
     results = home / "recall-builds.jsonl"
     server = EmbeddedServer(home, durable=False)
     try:
@@ -254,7 +289,7 @@ def main() -> None:
                 conn.execute("select pg_prewarm('kb.chunks_embedding_hnsw')")
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 with results.open("a") as f:
-                    for r in measure(conn, layout, sets, truth, efs, fetched):
+                    for r in measure(conn, layout, sets, truth, efs, fetched, retries):
                         record = {
                             "dir": str(home),
                             "chunks": info["chunks"],
