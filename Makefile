@@ -38,9 +38,10 @@ test: $(STAMP) browser ## run the whole test suite against a real PostgreSQL (wh
 test-fast: $(STAMP) ## the suite without the NPL quality gate
 	$(BIN)/pytest -q -m "not slow"
 
-lint: $(STAMP) ## ruff lint + format check
+lint: $(STAMP) ## ruff lint + format check + the import contracts (layers, no cycles)
 	$(BIN)/ruff check kbpg tests benchmarks migrations
 	$(BIN)/ruff format --check kbpg tests benchmarks migrations
+	$(BIN)/lint-imports --no-cache
 
 format: $(STAMP) ## ruff format + autofix
 	$(BIN)/ruff format kbpg tests benchmarks migrations

@@ -48,8 +48,8 @@ from bench_search import (
     query_texts,
 )
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 
 READERS = {"bench_r1": ["g0"], "bench_r5": ["g0", "g1", "g2", "g3", "g4"]}
 Item = tuple[str, np.ndarray]

@@ -27,7 +27,7 @@ def main() -> None:
     args = parser.parse_args()
 
     started = time.perf_counter()
-    from kbpg.embedding import MiniLMEmbedder
+    from kbpg.models.embedders import MiniLMEmbedder
 
     embedder = MiniLMEmbedder()
     embedder.load()

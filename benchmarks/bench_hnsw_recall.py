@@ -46,8 +46,8 @@ from bench_search import (
 )
 from pgvector.psycopg import register_vector
 
-from kbpg import indexing
-from kbpg.server import EmbeddedServer
+from kbpg.store import indexing
+from kbpg.store.embedded import EmbeddedServer
 
 ORDER_BY = {
     "vector": "embedding <=> %(q)s",

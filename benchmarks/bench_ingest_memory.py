@@ -43,8 +43,8 @@ from typing import Any
 import numpy as np
 import psycopg
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 
 KBPG = str(Path(sys.executable).parent / "kbpg")
 

@@ -33,8 +33,8 @@ from pathlib import Path
 import numpy as np
 import psycopg
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 
 DIM = 384
 INDEX_BUILDING = "select exists (select from pg_stat_progress_create_index)"

@@ -88,8 +88,8 @@ from partitioned_chunks import (
     tenant_shares,
 )
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 
 NEXT_EDGES = """
 insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)

@@ -26,8 +26,8 @@ from typing import Any
 
 import psycopg
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 
 # 0.1.0's kb.query_terms, created in pg_temp (its helper renamed kb._tsquery_lexemes since)
 OLD_QUERY_TERMS = """

@@ -26,8 +26,8 @@ import psycopg
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_search import POOL, database_url, install_before, log, timed_both
 
-from kbpg import db as kdb
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
 
 NPL = Path(__file__).resolve().parents[2] / "shared" / "ir" / "npl"
 

@@ -45,9 +45,9 @@ import numpy as np
 import psycopg
 from pgvector.psycopg import register_vector
 
-from kbpg import db as kdb
-from kbpg import indexing
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store import indexing
+from kbpg.store.embedded import EmbeddedServer
 
 NPL = Path(__file__).resolve().parent.parent.parent / "shared" / "ir" / "npl"
 DIM = 384

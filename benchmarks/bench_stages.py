@@ -29,11 +29,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from kbpg import db as kdb  # noqa: E402
 from kbpg.app import KnowledgeBase  # noqa: E402
 from kbpg.config import ModelSettings, Settings  # noqa: E402
 from kbpg.evaluate import throwaway_database  # noqa: E402
-from kbpg.ingest import ingest_paths  # noqa: E402
+from kbpg.ingest.run import ingest_paths  # noqa: E402
+from kbpg.store import db as kdb  # noqa: E402
 from tests.model_servers import ModelServer  # noqa: E402
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -58,7 +58,7 @@ def main() -> None:
     with ModelServer() as server, throwaway_database(url) as bench_url:
         models = ModelSettings(rerank="tei", rerank_url=server.tei_url, retries=0)
         with KnowledgeBase(bench_url, settings=replace(settings, models=models), pool_size=1) as kb:
-            summary = ingest_paths(kb, [ROOT / "samples" / "kb"], recursive=True)
+            summary = ingest_paths(kb.db, kb.models, [ROOT / "samples" / "kb"], recursive=True)
             print(f"demo KB: {summary.documents} documents, {summary.chunks} chunks", flush=True)
             for query in QUERIES:  # warm the model, the caches and the plans
                 kb.search(query, top=args.top, rerank=False)

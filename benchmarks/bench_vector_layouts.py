@@ -35,9 +35,9 @@ from pgvector.psycopg import register_vector
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_search import database_url, restart_for_shared_buffers
 
-from kbpg import db as kdb
-from kbpg.indexing import build_settings, set_layout
-from kbpg.server import EmbeddedServer
+from kbpg.store import db as kdb
+from kbpg.store.embedded import EmbeddedServer
+from kbpg.store.indexing import build_settings, set_layout
 
 POOL = 32
 FLOOR = 0.30

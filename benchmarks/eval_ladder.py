@@ -13,8 +13,8 @@ import time
 
 from kbpg import evaluate as ev
 from kbpg.config import Settings
-from kbpg.db import resolve_url
-from kbpg.embedding import get_embedder
+from kbpg.models.embedders import get_embedder
+from kbpg.store.db import resolve_url
 
 LADDER: list[tuple[str, ev.SearchOptions]] = [
     ("defaults (pool x4, cap 3, k 60, w 1/1)", {}),

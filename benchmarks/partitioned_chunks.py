@@ -10,7 +10,7 @@ from typing import Any, NamedTuple
 import psycopg
 from bench_search import build_indexes
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 
 SMALL, BIG = "t00", "t01"
 

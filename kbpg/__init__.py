@@ -7,9 +7,9 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from kbpg.app import KnowledgeBase, Principal
-    from kbpg.request import SearchRequest
-    from kbpg.search import Chunk, Retriever, SearchResult, Source
+    from kbpg.app import KnowledgeBase, Principal, Retriever
+    from kbpg.search.request import SearchRequest
+    from kbpg.search.results import Chunk, SearchResult, Source
 
 __all__ = [
     "Chunk",
@@ -24,13 +24,13 @@ __all__ = [
 
 # Imported on first use, so that `import kbpg` (and the CLI's start) stays cheap.
 _LAZY = {
-    "Chunk": "kbpg.search",
+    "Chunk": "kbpg.search.results",
     "KnowledgeBase": "kbpg.app",
     "Principal": "kbpg.app",
-    "Retriever": "kbpg.search",
-    "SearchRequest": "kbpg.request",
-    "SearchResult": "kbpg.search",
-    "Source": "kbpg.search",
+    "Retriever": "kbpg.app",
+    "SearchRequest": "kbpg.search.request",
+    "SearchResult": "kbpg.search.results",
+    "Source": "kbpg.search.results",
 }
 
 

@@ -18,12 +18,12 @@ import psycopg
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from kbpg import db as kdb
-from kbpg import queries
 from kbpg.app import KnowledgeBase
 from kbpg.config import DEFAULT_MAX_CHUNKS, Settings
 from kbpg.errors import ConfigError, DatabaseUnavailable, InvalidInput, KbpgError, from_psycopg
-from kbpg.request import check_options, sql_arguments
+from kbpg.search.request import check_options, sql_arguments
+from kbpg.store import db as kdb
+from kbpg.store import queries
 
 ARMS = ("hybrid", "vector", "lexical", "graph", "rerank", "expand")
 DEFAULT_ARMS = ("hybrid", "vector", "lexical")
@@ -36,7 +36,7 @@ DATABASE_PREFIX = "kbpg_eval_"
 log = logging.getLogger("kbpg.evaluate")
 
 if TYPE_CHECKING:
-    from kbpg.embedding import Embedder
+    from kbpg.models.embedders import Embedder
 
 Qrels = Mapping[str, Mapping[str, int]]
 Run = Mapping[str, Sequence[str]]
@@ -254,9 +254,11 @@ def drop_database(url: str, name: str) -> None:
 
 
 @contextlib.contextmanager
-def throwaway_database(url: str, *, keep: bool = False) -> Iterator[str]:
-    """A new migrated `kbpg_eval_<random>` database on url's server, dropped on exit
-    (also on errors, Ctrl-C and SIGTERM-as-SystemExit) unless `keep`."""
+def throwaway_database(
+    url: str, *, keep: bool = False, language: str | None = None
+) -> Iterator[str]:
+    """A new migrated `kbpg_eval_<random>` database on url's server (in `language`, default
+    english), dropped on exit (also on errors, Ctrl-C and SIGTERM-as-SystemExit) unless `keep`."""
     name = DATABASE_PREFIX + secrets.token_hex(6)
     with _maintenance(url) as conn:
         try:
@@ -271,6 +273,12 @@ def throwaway_database(url: str, *, keep: bool = False) -> Iterator[str]:
     try:
         eval_url = url_for_database(url, name)
         kdb.upgrade(eval_url)
+        if language is not None:
+            from kbpg.store.language import change_language
+
+            with kdb.connect(eval_url) as conn, kdb.translate_errors():
+                change_language(conn, language)
+                conn.commit()
         yield eval_url
     finally:
         if not keep:
@@ -349,8 +357,8 @@ def run_stage_arm(
     """`rerank` / `expand`: the hybrid search with that model stage, through the same
     pipeline as `kbpg search` (a stage that fails falls back to the plain order there too,
     so the report counts how many queries it failed on)."""
-    from kbpg.request import SearchRequest
-    from kbpg.search import run_search
+    from kbpg.search.request import SearchRequest
+    from kbpg.search.run import run_search
 
     stage = STAGE_ARMS[arm]
     runs: dict[str, list[str]] = {}
@@ -361,7 +369,7 @@ def run_stage_arm(
             # this arm's stage alone, whatever the settings turn on by default
             only = {name: name == stage for name in STAGE_ARMS.values()}
             request = SearchRequest(text, **{**options, **only, "top": match_count})
-            result = run_search(kb, request)
+            result = run_search(kb.db, kb.models, request)
             failed += any(s.status == "failed" for s in result.stages)
             found += [chunk.source for chunk in result.chunks]
         runs[qid] = first_occurrences(found, cutoffs.depth)
@@ -381,13 +389,20 @@ class EvalReport:
     runs: dict[str, dict[str, list[str]]] = field(repr=False)
     timings: dict[str, float]
     database: str | None = None
+    language: str = "english"
+    model: str | None = None
+    # what the reader should know: a model that does not know the language
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset,
             "queries": self.queries,
+            "language": self.language,
+            "model": self.model,
             "arms": self.metrics,
             "timings": self.timings,
+            "notes": list(self.notes),
         }
 
 
@@ -432,7 +447,9 @@ def ingest_collection(
 ) -> Collection:
     """Ingest the corpus (document source = corpus `_id`) and embed the judged queries;
     `contextual`: with chunk contexts from the chat model (every arm then sees them)."""
-    from kbpg.ingest import Document, ingest_documents
+    from kbpg.ingest.batching import batch_documents_for
+    from kbpg.ingest.run import Document, ingest_documents
+    from kbpg.models.embedders import embed_queries
 
     if progress:
         progress(f"ingesting {len(dataset.corpus)} documents into {database_name(eval_url)}")
@@ -440,7 +457,8 @@ def ingest_collection(
     documents = [Document(source=d.id, title=d.title, text=d.text) for d in dataset.corpus]
     with KnowledgeBase(eval_url, embedder, settings=settings, pool_size=1) as kb:
         ingest_documents(
-            kb,
+            kb.db,
+            kb.models,
             documents,
             progress=(
                 (lambda p: progress(f"ingested {p.documents} documents, {p.chunks} chunks"))
@@ -448,6 +466,7 @@ def ingest_collection(
                 else None
             ),
             contextual=contextual,
+            batch_documents=batch_documents_for(embedder),
         )
         ingest_s = time.perf_counter() - clock
         with kb.session() as conn:
@@ -456,8 +475,9 @@ def ingest_collection(
 
     clock = time.perf_counter()
     query_ids = dataset.query_ids
-    # one batched call; MiniLM and the OpenAI provider embed queries like documents
-    vectors = embedder.embed_documents([dataset.queries[qid] for qid in query_ids])
+    # one batched call; MiniLM and the OpenAI provider embed queries like documents, e5 with
+    # its `query: ` prefix
+    vectors = embed_queries(embedder, [dataset.queries[qid] for qid in query_ids])
     embed_s = time.perf_counter() - clock
     return Collection(
         url=eval_url,
@@ -518,16 +538,25 @@ def evaluate(
     progress: Progress | None = None,
     settings: Settings | None = None,
     contextual: bool = False,
+    language: str | None = None,
 ) -> EvalReport:
-    """`kbpg eval`: ingest `dataset` into a throwaway database on url's server, run the
-    arms, score them, drop the database unless `keep`. `contextual`: ingest with chunk
-    contexts (compare with a run without to see what they do)."""
+    """`kbpg eval`: ingest `dataset` into a throwaway database on url's server (in `language`,
+    default english), run the arms, score them, drop the database unless `keep`.
+    `contextual`: ingest with chunk contexts (compare with a run without to see what they do)."""
+    from kbpg.models.embedders import model_mismatch
+    from kbpg.store.language import current_language, is_english
+
     check_options(options or {})  # before the corpus is ingested, not after
     check_stage_arms(arms or (), settings or Settings.from_env(), contextual)
     started = time.perf_counter()
-    with throwaway_database(url, keep=keep) as eval_url:
+    with throwaway_database(url, keep=keep, language=language) as eval_url:
         if progress:
             progress(f"evaluation database {database_name(eval_url)}")
+        with kdb.connect(eval_url) as conn:
+            chosen = current_language(conn)
+            mismatch = model_mismatch(chosen, is_english(conn, chosen), embedder.model_name)
+        if mismatch and progress:
+            progress(f"warning: {mismatch}")
         collection = ingest_collection(
             eval_url, dataset, embedder, progress, settings, contextual=contextual
         )
@@ -540,7 +569,25 @@ def evaluate(
         runs=runs,
         timings={k: round(v, 3) for k, v in timings.items()},
         database=database_name(eval_url) if keep else None,
+        language=chosen,
+        model=embedder.model_name,
+        notes=_notes(metrics, mismatch),
     )
+
+
+def _notes(metrics: Mapping[str, Mapping[str, float]], mismatch: str | None) -> tuple[str, ...]:
+    """The report's warnings: a model that does not know the language, and what it costs."""
+    notes = [mismatch] if mismatch else []
+    hybrid, lexical = metrics.get("hybrid"), metrics.get("lexical")
+    if hybrid and lexical:
+        ndcg = next(iter(hybrid))
+        if hybrid[ndcg] < lexical[ndcg] - 0.01:
+            notes.append(
+                f"hybrid {ndcg} {hybrid[ndcg]:.4f} is below the lexical arm's "
+                f"{lexical[ndcg]:.4f}: the vector arm adds noise"
+                + (" (see above)" if mismatch else "")
+            )
+    return tuple(notes)
 
 
 def database_name(url: str) -> str:
@@ -553,10 +600,12 @@ def format_table(report: EvalReport) -> str:
     names = next(iter(report.metrics.values())).keys() if report.metrics else ()
     width = max([len(a) for a in report.metrics] + [3])
     lines = [
-        f"{report.dataset}: {report.queries} queries",
+        f"{report.dataset}: {report.queries} queries, language {report.language}"
+        + (f", model {report.model}" if report.model else ""),
         "  ".join([f"{'arm':<{width}}", *(f"{n:>10}" for n in names)]),
     ]
     for arm, values in report.metrics.items():
         lines.append("  ".join([f"{arm:<{width}}", *(f"{values[n]:>10.4f}" for n in names)]))
     lines.append("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in report.timings.items()))
+    lines += [f"warning: {note}" for note in report.notes]
     return "\n".join(lines)

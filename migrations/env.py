@@ -25,8 +25,8 @@ from sqlalchemy import Connection, create_engine
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.pool import NullPool
 
-from kbpg import db
 from kbpg.errors import KbpgError
+from kbpg.store import db
 
 config = context.config
 

@@ -12,7 +12,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import psycopg
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 from tests.sqldata import add_chunk, add_doc, add_edge
 
 PASSWORD = "kbpg-test-secret"

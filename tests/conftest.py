@@ -26,10 +26,10 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from kbpg import db as kdb
+from kbpg.store import db as kdb
 
 if TYPE_CHECKING:
-    from kbpg.embedding import Embedder
+    from kbpg.models.embedders import Embedder
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NPL_DIR = Path(os.environ.get("KBPG_NPL_DIR", REPO_ROOT.parent / "shared" / "ir" / "npl"))
@@ -76,7 +76,7 @@ def admin_url() -> Iterator[str]:
         with contextlib.suppress(StopIteration):
             next(docker)
         return
-    from kbpg.server import EmbeddedServer
+    from kbpg.store.embedded import EmbeddedServer
 
     home = Path(tempfile.mkdtemp(prefix="kbpg-test-", dir="/tmp"))
     home.chmod(0o755)  # reachable by the unprivileged server user when tests run as root
@@ -179,7 +179,7 @@ def cli_env(db_url: str, tmp_path: Path) -> dict[str, str]:
 @pytest.fixture
 def kbpg_home() -> Iterator[Path]:
     """A fresh KBPG_HOME for an embedded server of the test's own, stopped afterwards."""
-    from kbpg.server import EmbeddedServer
+    from kbpg.store.embedded import EmbeddedServer
 
     home = Path(tempfile.mkdtemp(prefix="kbpg-home-", dir="/tmp"))
     home.chmod(0o755)  # reachable by the unprivileged server user when tests run as root
@@ -192,7 +192,7 @@ def kbpg_home() -> Iterator[Path]:
 def embedder() -> Embedder:
     """The offline default model (all-MiniLM-L6-v2, int8 ONNX), loaded once per session."""
     from kbpg.config import Settings
-    from kbpg.embedding import get_embedder
+    from kbpg.models.embedders import get_embedder
 
     return get_embedder(Settings.from_env(), "minilm")
 

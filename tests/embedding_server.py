@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kbpg.embedding import MiniLMEmbedder
+from kbpg.models.embedders import MiniLMEmbedder
 from tests.model_servers import LocalServer
 
 

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from kbpg import db as kdb
-from kbpg.embedding import Embedder
+from kbpg.models.embedders import Embedder
+from kbpg.store import db as kdb
 from tests.conftest import TEMPLATE_DB, create_database, drop_database
 from tests.helpers import clean_env
 

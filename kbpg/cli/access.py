@@ -31,10 +31,10 @@ def access() -> None:
 @handle_errors
 def access_setup(app: AppContext, reader_role: str | None, writer_role: str | None) -> None:
     """Create (when missing) and grant the NOLOGIN reader and writer roles (needs CREATEROLE)."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        reader, writer = kaccess.setup(kb, reader_role, writer_role)
+        reader, writer = kaccess.setup(kb.db, reader_role, writer_role)
     click.echo(f"reader role: {reader}\nwriter role: {writer}")
     click.echo(f"let a login role search with: grant {reader} to <login>;", err=True)
 
@@ -46,10 +46,10 @@ def access_setup(app: AppContext, reader_role: str | None, writer_role: str | No
 @handle_errors
 def access_grant(app: AppContext, role: str, groups: tuple[str, ...]) -> None:
     """Let ROLE (and its members) read GROUPS; takes effect on the next query."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        new = kaccess.grant(kb, role, groups)
+        new = kaccess.grant(kb.db, role, groups)
     for g in new:
         click.echo(f"granted {g.group} to {g.role}")
 
@@ -62,12 +62,12 @@ def access_grant(app: AppContext, role: str, groups: tuple[str, ...]) -> None:
 @handle_errors
 def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bool) -> None:
     """Take GROUPS (or --all) away from ROLE; takes effect on the next query."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     if bool(groups) == every:
         raise click.UsageError("give GROUPS or --all (not both)")
     with app.knowledge_base() as kb:
-        gone = kaccess.revoke(kb, role, None if every else groups)
+        gone = kaccess.revoke(kb.db, role, None if every else groups)
     for g in gone:
         click.echo(f"revoked {g.group} from {g.role}")
     if not gone:
@@ -82,10 +82,10 @@ def access_revoke(app: AppContext, role: str, groups: tuple[str, ...], every: bo
 def access_list(app: AppContext, role: str | None, as_json: bool) -> None:
     """List grants (role, group, granted at); a reader sees its own."""
 
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        grants = kaccess.list_grants(kb, role)
+        grants = kaccess.list_grants(kb.db, role)
     print_rows(
         grants,
         as_json,
@@ -115,18 +115,18 @@ def _print_access_status(status: Any, as_json: bool) -> None:
 @handle_errors
 def access_status(app: AppContext, as_json: bool) -> None:
     """Whether access control is enforced, the roles, and what this role may read."""
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        status = kaccess.status(kb)
+        status = kaccess.status(kb.db)
     _print_access_status(status, as_json)
 
 
 def _set_enforced(app: AppContext, enforced: bool) -> None:
-    from kbpg import access as kaccess
+    from kbpg.store import access as kaccess
 
     with app.knowledge_base() as kb:
-        status = kaccess.set_enforced(kb, enforced)
+        status = kaccess.set_enforced(kb.db, enforced)
     _print_access_status(status, as_json=False)
 
 

@@ -11,8 +11,8 @@ import click
 
 from kbpg.config import Settings
 from kbpg.errors import KbpgError
-from kbpg.request import Option
-from kbpg.sources import printable
+from kbpg.ingest.sources import printable
+from kbpg.search.request import Option
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
@@ -42,7 +42,7 @@ class AppContext:
     def url(self) -> str:
         """The database URL; starts the embedded server when KBPG_DATABASE_URL is unset."""
         if self._url is None:
-            from kbpg.db import resolve_url
+            from kbpg.store.db import resolve_url
 
             self._url = resolve_url(self.settings)
         return self._url
@@ -88,8 +88,8 @@ embedder_option = click.option(
     "embedder_name",
     metavar="NAME",
     default=None,
-    help="Embedding provider: minilm (offline) or openai  [env var: KBPG_EMBEDDER; "
-    "default: minilm].",
+    help="Embedding provider: minilm (offline, English), e5-multilingual (offline, ~100 "
+    "languages, slow on passages) or openai  [env var: KBPG_EMBEDDER; default: minilm].",
 )
 
 

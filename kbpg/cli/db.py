@@ -18,7 +18,7 @@ from kbpg.cli.common import (
 from kbpg.errors import KbpgError
 
 if TYPE_CHECKING:
-    from kbpg.db import SchemaStatus
+    from kbpg.store.db import SchemaStatus
 
 
 @click.group()
@@ -27,7 +27,7 @@ def db() -> None:
 
 
 def _embedded_server(app: AppContext) -> Any:
-    from kbpg.server import EmbeddedServer
+    from kbpg.store.embedded import EmbeddedServer
 
     if app.settings.database_url:
         raise KbpgError(
@@ -59,8 +59,8 @@ def db_start(app: AppContext, prewarm: bool) -> None:
 def _prewarm(url: str) -> None:
     """kb.prewarm() on kbpg's database, timed, on stderr; skipped with a note where it cannot
     run (no pg_prewarm on this server, or a schema from before kb.prewarm)."""
-    from kbpg import db as kdb
-    from kbpg import queries
+    from kbpg.store import db as kdb
+    from kbpg.store import queries
 
     started = time.perf_counter()
     with kdb.connect(url, autocommit=True) as conn, kdb.translate_errors():
@@ -101,7 +101,7 @@ def db_stop(app: AppContext) -> None:
 @handle_errors
 def db_status(app: AppContext) -> None:
     """Show which database kbpg uses, whether it is up, and its schema revision."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     settings = app.settings
     if settings.database_url:
@@ -115,7 +115,7 @@ def db_status(app: AppContext) -> None:
             return
         assert status.url is not None
         url = status.url
-    from kbpg import queries
+    from kbpg.store import queries
 
     with kdb.connect(url) as conn:
         version = conn.execute(queries.SERVER_VERSION).fetchone()
@@ -142,7 +142,7 @@ def db_url(app: AppContext) -> None:
 @handle_errors
 def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
     """Open psql on kbpg's database (extra arguments go to psql)."""
-    from kbpg.server import _binaries_dir
+    from kbpg.store.embedded import _binaries_dir
 
     psql = shutil.which("psql")
     if psql is None and not app.settings.database_url:
@@ -156,7 +156,7 @@ def db_psql(app: AppContext, psql_args: tuple[str, ...]) -> None:
 
 def _schema_status(app: AppContext) -> SchemaStatus:
     """The alembic revision of the database kbpg uses."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     with kdb.connect(app.url) as conn:
         return kdb.schema_status(conn)
@@ -176,13 +176,26 @@ def _schema_status(app: AppContext) -> SchemaStatus:
     metavar="SCHEMA",
     help="With --sql: the schema pgvector is in.  [default: public]",
 )
+@click.option(
+    "--language",
+    metavar="LANG",
+    help="The knowledge base's language: a text search configuration of the server (english, "
+    "russian, german, simple, ...: `select * from kb.languages()`) or cjk (Chinese, Japanese, "
+    "Korean). A change re-analyses every chunk in one transaction  [env var: KBPG_LANGUAGE; "
+    "default: english for a new knowledge base, else unchanged].",
+)
 @pass_app
 @handle_errors
-def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str | None) -> None:
+def db_upgrade(
+    app: AppContext, revision: str, as_sql: bool, vector_schema: str | None, language: str | None
+) -> None:
     """Migrate to REVISION (default head) and re-apply the sql/ function files at head."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
+    language = language or app.settings.language
     if as_sql:
+        if language is not None:
+            raise click.UsageError("--language runs online (the script leaves the language)")
         click.echo(kdb.upgrade_script(revision, vector_schema=vector_schema or "public"), nl=False)
         return
     if vector_schema is not None:
@@ -190,6 +203,38 @@ def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str 
     kdb.upgrade(app.url, revision)
     status = _schema_status(app)
     click.echo(f"schema at {status.current}" + (" (head)" if status.at_head else ""))
+    if language is not None:
+        if not status.at_head:
+            raise KbpgError(
+                "--language needs the schema at head", hint="run `kbpg db upgrade --language ...`"
+            )
+        _set_language(app, language)
+
+
+def _set_language(app: AppContext, language: str) -> None:
+    """The knowledge base's language, changed in one transaction with progress on stderr."""
+    from kbpg.models.embedders import get_embedder, model_mismatch
+    from kbpg.store import db as kdb
+    from kbpg.store import queries
+    from kbpg.store.language import change_language, is_english
+
+    tty = sys.stderr.isatty()
+
+    def progress(event: Any) -> None:
+        click.echo(("\r\x1b[K" if tty else "") + event.describe(), nl=not tty, err=True)
+
+    with kdb.connect(app.url) as conn, kdb.translate_errors():
+        change = change_language(conn, language, progress)
+        space = conn.execute(queries.EMBEDDING_SPACE).fetchone()
+        english = is_english(conn, change.after)
+        conn.commit()
+    if tty and change.changed:
+        click.echo("\r\x1b[K", nl=False, err=True)
+    click.echo(change.describe())
+    model = str(space[0]) if space else get_embedder(app.settings).model_name
+    warning = model_mismatch(change.after, english, model)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @db.command("downgrade")
@@ -198,7 +243,7 @@ def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str 
 @handle_errors
 def db_downgrade(app: AppContext, revision: str) -> None:
     """Migrate down to REVISION (`base` removes the kb schema and all its data)."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     kdb.downgrade(app.url, revision)
     status = _schema_status(app)
@@ -220,7 +265,7 @@ def db_current(app: AppContext) -> None:
 @handle_errors
 def db_check(app: AppContext) -> None:
     """Exit 0 when the schema is at head, 1 (with a hint) otherwise."""
-    from kbpg import db as kdb
+    from kbpg.store import db as kdb
 
     with kdb.connect(app.url) as conn:
         status = kdb.require_schema(conn)

@@ -18,7 +18,7 @@ from kbpg.cli.common import (
     print_rows,
 )
 from kbpg.errors import KbpgError
-from kbpg.sources import printable
+from kbpg.ingest.sources import printable
 
 
 class _ProgressLine:
@@ -57,7 +57,7 @@ class _ProgressLine:
 
 
 def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
-    from kbpg.sources import parse_size
+    from kbpg.ingest.sources import parse_size
 
     try:
         return parse_size(str(value))
@@ -99,9 +99,9 @@ def _summary_line(summary: Any) -> str:
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=1024,  # kbpg.batching.BATCH_DOCUMENTS (not imported here: numpy at start-up)
-    show_default=True,
-    help="Documents per transaction (a kill loses at most one batch, never half a document).",
+    default=None,
+    help="Documents per transaction (a kill loses at most one batch, never half a document) "
+    "[default: 1024; 32 with e5-multilingual, a progress line each].",
 )
 @click.option(
     "--contextual/--no-contextual",
@@ -139,7 +139,7 @@ def ingest(
     glob: str | None,
     prune: bool,
     embedder_name: str | None,
-    batch_size: int,
+    batch_size: int | None,
     contextual: bool | None,
     max_file_bytes: int,
     follow_symlinks: bool,
@@ -153,11 +153,15 @@ def ingest(
     """
     import json
 
-    from kbpg.ingest import ingest_paths
+    from kbpg.ingest.batching import batch_documents_for
+    from kbpg.ingest.run import ingest_paths
 
     with app.knowledge_base(embedder_name) as kb:
+        model = kb.models.document_embedder()
+        _language_notes(kb, model.model_name)
         summary = ingest_paths(
-            kb,
+            kb.db,
+            kb.models,
             list(paths),
             recursive=recursive,
             glob=glob,
@@ -166,7 +170,7 @@ def ingest(
             labels=labels,
             prune=prune,
             progress=_ProgressLine("ingest"),
-            batch_documents=batch_size,
+            batch_documents=batch_size or batch_documents_for(model),
             index_progress=_index_progress,
             contextual=contextual,
             max_file_bytes=max_file_bytes,
@@ -179,6 +183,19 @@ def ingest(
         click.echo(json.dumps(summary.as_dict(), indent=2))
     if summary.failed:
         click.get_current_context().exit(1)
+
+
+def _language_notes(kb: Any, model_name: str) -> None:
+    """Refuse a KBPG_LANGUAGE the knowledge base is not in; warn of a model that does not
+    know its language."""
+    from kbpg.ingest.language import ingest_warnings
+    from kbpg.store import db as kdb
+
+    with kb.session() as conn:
+        kdb.require_schema(conn)
+        notes = ingest_warnings(conn, kb.settings.language, model_name)
+    for note in notes:
+        click.echo(f"warning: {note}", err=True)
 
 
 @click.group()
@@ -194,10 +211,10 @@ def documents() -> None:
 def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
     """List documents: source, title, category, groups, chunk count (tab-separated)."""
 
-    from kbpg.maintenance import list_documents
+    from kbpg.store.catalog import list_documents
 
     with app.knowledge_base() as kb:
-        docs = list_documents(kb, group=group)
+        docs = list_documents(kb.db, group=group)
     print_rows(
         docs,
         as_json,
@@ -213,10 +230,10 @@ def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
 @handle_errors
 def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
     """Delete documents (their chunks and edges) by SOURCE; a file path may be relative."""
-    from kbpg.maintenance import delete_documents
+    from kbpg.ingest.maintenance import delete_documents
 
     with app.knowledge_base() as kb:
-        deleted, missing = delete_documents(kb, list(sources))
+        deleted, missing = delete_documents(kb.db, list(sources))
     for source in deleted:
         click.echo(f"deleted {source}")
     if missing:
@@ -234,15 +251,16 @@ def stats(app: AppContext, as_json: bool) -> None:
     """Documents, chunks, edges, embedding space, BM25 statistics and index sizes."""
     import json
 
-    from kbpg.maintenance import stats as kb_stats
+    from kbpg.store.catalog import stats as kb_stats
 
     with app.knowledge_base() as kb:
-        data = kb_stats(kb)
+        data = kb_stats(kb.db)
     if as_json:
         click.echo(json.dumps(data, indent=2))
         return
     space = data["embedding_space"]
     edges = data["edges"]
+    click.echo(f"language: {data['language']}")
     click.echo(f"documents: {data['documents']}")
     click.echo(f"chunks: {data['chunks']} ({data['chunks_without_embedding']} without embedding)")
     edge_text = ", ".join(f"{k} {v}" for k, v in edges.items()) or "none"
@@ -284,7 +302,7 @@ def index_command(app: AppContext, layout: str | None) -> None:
     Searches keep using the old index until the new one is built; writers wait. Progress goes
     to stderr.
     """
-    from kbpg.indexing import set_layout
+    from kbpg.store.indexing import set_layout
 
     with app.knowledge_base() as kb, kb.connection(write=True) as conn:
         chosen, seconds = set_layout(
@@ -309,12 +327,12 @@ def _human_bytes(size: int) -> str:
 @handle_errors
 def reembed(app: AppContext, embedder_name: str | None) -> None:
     """Rebuild every vector with another embedding model (one transaction: all or nothing)."""
-    from kbpg.embedding import get_embedder
-    from kbpg.maintenance import reembed as run_reembed
+    from kbpg.ingest.maintenance import reembed as run_reembed
+    from kbpg.models.embedders import get_embedder
 
     embedder = get_embedder(app.settings, embedder_name)
     with app.knowledge_base() as kb:
-        summary = run_reembed(kb, embedder, progress=_ProgressLine("reembed"))
+        summary = run_reembed(kb.db, embedder, progress=_ProgressLine("reembed"))
     click.echo(
         f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
         f"({embedder.dimension}-d) in {summary.total_s:.1f} s",
@@ -333,7 +351,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
     version) with KBPG_CHAT_MODEL, and re-embed those chunks; progress on stderr."""
     import json
 
-    from kbpg.contextual import recontextualize as run
+    from kbpg.ingest.maintenance import recontextualize as run
 
     def progress(summary: Any) -> None:
         click.echo(
@@ -343,7 +361,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
         )
 
     with app.knowledge_base() as kb:
-        summary = run(kb, dry_run=dry_run, progress=progress)
+        summary = run(kb.db, kb.models, dry_run=dry_run, progress=progress)
     click.echo(
         f"{summary.documents} documents, {summary.chunks} chunks: {summary.stale} stale, "
         f"{summary.missing} missing; {summary.redone_documents} documents redone, "
@@ -362,7 +380,7 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
 @handle_errors
 def embed(app: AppContext, text: str, embedder_name: str | None) -> None:
     """Print TEXT's query vector as a pgvector literal, for psql: \\set q `kbpg embed '...'`"""
-    from kbpg.embedding import get_embedder, to_pgvector_literal
+    from kbpg.models.embedders import get_embedder, to_pgvector_literal
 
     embedder = get_embedder(app.settings, embedder_name)
     click.echo(to_pgvector_literal(embedder.embed_query(text)))

@@ -19,7 +19,7 @@ from kbpg.cli.common import (
 )
 from kbpg.config import CLI_DEFAULT_TOP
 from kbpg.errors import InvalidInput, KbpgError
-from kbpg.request import OPTIONS, TUNING_OPTIONS
+from kbpg.search.request import OPTIONS, TUNING_OPTIONS
 
 
 @click.command("eval")
@@ -63,6 +63,12 @@ from kbpg.request import OPTIONS, TUNING_OPTIONS
     "with a run without.",
 )
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv.")
+@click.option(
+    "--language",
+    metavar="LANG",
+    help="The evaluation database's language (english, russian, cjk, ...: see `kbpg db "
+    "upgrade --language`)  [env var: KBPG_LANGUAGE; default: english].",
+)
 @embedder_option
 @search_options(TUNING_OPTIONS)
 @click.option(
@@ -87,6 +93,7 @@ def eval_command(
     expand_arm: bool,
     contextual: bool,
     split: str,
+    language: str | None,
     embedder_name: str | None,
     save_runs: Path | None,
     as_json: bool,
@@ -102,7 +109,7 @@ def eval_command(
     import json
 
     from kbpg import evaluate as ev
-    from kbpg.embedding import get_embedder
+    from kbpg.models.embedders import get_embedder
 
     dataset = ev.load_beir(dataset_dir, split)
     chosen = ev.parse_arms(arms)
@@ -121,6 +128,7 @@ def eval_command(
         progress=lambda message: click.echo(message, err=True),
         settings=app.settings,
         contextual=contextual,
+        language=language or app.settings.language,
     )
     if report.database:
         click.echo(f"kept evaluation database {report.database}", err=True)
@@ -132,7 +140,7 @@ def eval_command(
 
 
 def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) -> str:
-    from kbpg.request import validate_query
+    from kbpg.search.request import validate_query
 
     try:
         return validate_query(value)
@@ -169,8 +177,8 @@ def search(
     """
     if as_json and context_only:
         raise click.UsageError("--json and --context cannot be used together")
-    from kbpg import output
-    from kbpg.request import SearchRequest
+    from kbpg.search import output
+    from kbpg.search.request import SearchRequest
 
     try:
         request = SearchRequest(query, **options)
@@ -203,7 +211,7 @@ def mcp(app: AppContext, embedder_name: str | None) -> None:
     protocol, logs go to stderr. Database and model as for `kbpg search`.
     """
     try:
-        from kbpg.mcp_server import serve as run_mcp
+        from kbpg.serve.mcp_server import serve as run_mcp
     except ImportError as exc:
         raise KbpgError(
             f"the MCP server needs the `mcp` package ({exc.name} is missing)",
@@ -269,7 +277,7 @@ def serve(
     KBPG_API_TOKEN (runs as the server's own role) or a tokens file (each token runs as its
     database role) guards the API. Without either, only a loopback address is served.
     """
-    from kbpg.http import serve as run_server
+    from kbpg.serve.http import serve as run_server
 
     run_server(
         app.settings,
@@ -303,7 +311,7 @@ def token_new(role: str, path: Path | None, comment: str) -> None:
 
     Only its sha256 hash is written to the file (or printed on stderr without --file).
     """
-    from kbpg.tokens import new_token, token_line
+    from kbpg.serve.tokens import new_token, token_line
 
     secret = new_token()
     line = token_line(secret, role, comment)
@@ -322,7 +330,7 @@ def token_new(role: str, path: Path | None, comment: str) -> None:
 @handle_errors
 def token_hash(role: str) -> None:
     """Read a token on stdin; print its tokens-file line for ROLE (the token is not stored)."""
-    from kbpg.tokens import token_line
+    from kbpg.serve.tokens import token_line
 
     secret = sys.stdin.readline().strip()
     if not secret:

@@ -1,0 +1,84 @@
+"""What loading produces: a Document to ingest, or the LoadFailure of a file or JSONL line,
+and the checks of the fields both file front matter and JSONL records carry."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+
+from kbpg.errors import IngestError
+from kbpg.ingest.chunking import Section
+from kbpg.ingest.limits import check_name
+
+
+@dataclass(frozen=True)
+class Document:
+    """One document to ingest. `source` is its unique key (a path, URI or external id).
+
+    `sections` carries the heading structure and links when a loader found them; without it
+    the text is one section under the title.
+    """
+
+    source: str
+    title: str
+    text: str
+    category: str | None = None
+    groups: Sequence[str] = ()
+    labels: Sequence[str] = ()
+    metadata: Mapping[str, Any] = field(default_factory=dict)
+    sections: tuple[Section, ...] | None = None
+    # a precomputed embedding (JSONL `embedding`): the document is then one chunk with this vector
+    # (compared through the content hash, which covers it)
+    embedding: npt.NDArray[np.float32] | None = field(default=None, compare=False, repr=False)
+
+    def section_list(self) -> tuple[Section, ...]:
+        if self.sections is not None:
+            return self.sections
+        return (Section((self.title,) if self.title else (), self.text),)
+
+
+@dataclass(frozen=True)
+class LoadFailure:
+    """A file (or JSONL line) that could not be read; ingest reports it and goes on."""
+
+    where: str
+    reason: str
+
+
+def string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        items = [v.strip() for v in value.split(",")]
+    elif isinstance(value, list) and all(
+        isinstance(v, str | int) and not isinstance(v, bool) for v in value
+    ):
+        items = [str(v).strip() for v in value]
+    else:
+        raise IngestError(f"{where}: `{key}` must be a list of strings")
+    return tuple(check_name(v, f"`{key}` value", where) for v in items if v)
+
+
+def category_of(value: Any, where: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str | int) or isinstance(value, bool):
+        raise IngestError(f"{where}: `category` must be a string")
+    return check_name(str(value).strip(), "`category`", where) or None
+
+
+def failure_of(exc: Exception, where: str, *, record: bool = False) -> LoadFailure:
+    """What a loader raised, as the failure of this file or JSONL line (`where`)."""
+    if isinstance(exc, IngestError):
+        reason = exc.message
+    elif isinstance(exc, RecursionError):
+        reason = f"{'invalid JSON' if record else 'cannot read'}: nested too deeply"
+    elif record and isinstance(exc, ValueError):  # JSONDecodeError, UnicodeDecodeError
+        reason = f"invalid JSON: {exc}"
+    else:  # a library's surprise is this file's failure, never the end of the run
+        reason = f"cannot read: {type(exc).__name__}: {exc}"
+    return LoadFailure(where, reason.removeprefix(f"{where}: "))

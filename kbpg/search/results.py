@@ -1,0 +1,162 @@
+"""A search's result: the ranked chunks, the sources they cite and the LLM context block."""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import PurePosixPath
+from typing import Any
+
+from kbpg.search.stages import StageReport
+
+__all__ = ["Chunk", "SearchResult", "Source", "Timings", "build_context", "display_sources"]
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One ranked chunk; the arm ranks are None where that arm did not find it."""
+
+    rank: int
+    chunk_id: int
+    document_id: int
+    document: str
+    source: str
+    section: str
+    content: str
+    score: float
+    similarity: float | None
+    vector_rank: int | None
+    lexical_rank: int | None
+    graph_rank: int | None
+    fused_rank: int | None = None  # the rank after fusion, before the per-document cap
+    rerank_score: float | None = None  # the reranker's score, when it ranked this chunk
+
+
+@dataclass(frozen=True)
+class Source:
+    """A document cited by the context block, with the numbers of its chunks there."""
+
+    source: str
+    document: str
+    ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Timings:
+    embed_ms: float
+    sql_ms: float
+    total_ms: float
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """The ranked chunks of one query, their sources and the context block built from them."""
+
+    query: str
+    chunks: tuple[Chunk, ...]
+    timings: Timings
+    notices: tuple[str, ...] = ()
+    stages: tuple[StageReport, ...] = ()  # what each optional stage asked for did, and why
+    sources: tuple[Source, ...] = field(init=False)
+    context: str = field(init=False)
+
+    def __post_init__(self) -> None:
+        sources = collect_sources(self.chunks)
+        object.__setattr__(self, "sources", sources)
+        object.__setattr__(self, "context", build_context(self.chunks, sources))
+
+    def __len__(self) -> int:
+        return len(self.chunks)
+
+    def __iter__(self) -> Iterator[Chunk]:
+        return iter(self.chunks)
+
+    def for_display(self, root: str | None = None) -> SearchResult:
+        """The result with each source as `display_sources` shows it to end users."""
+        shown = display_sources([c.source for c in self.chunks], root)
+        chunks = tuple(replace(c, source=shown[c.source]) for c in self.chunks)
+        return replace(self, chunks=chunks)
+
+    def to_json(self) -> dict[str, Any]:
+        """The payload of `kbpg search --json` and of the HTTP API (one shape for both)."""
+        return {
+            "context": self.context,
+            "sources": [asdict(s) for s in self.sources],
+            "chunks": [asdict(c) for c in self.chunks],
+            "stages": [asdict(s) for s in self.stages],
+        }
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """One line per stage that failed (the plain result stands in for it)."""
+        return tuple(s.warning for s in self.stages if s.warning)
+
+
+def display_sources(sources: Sequence[str], root: str | None = None) -> dict[str, str]:
+    """How sources are shown where end users read them (HTTP, the search page).
+
+    A source is the document's key: for files, the absolute path ingest resolved. Paths under
+    `root` are shown relative to it; other absolute paths by their shortest distinct tail of
+    path components (the file name, unless two sources of the result share it); URIs and
+    external ids as stored. The server's directory layout never reaches a client.
+    """
+    prefix = root.rstrip("/") + "/" if root else None
+    shown: dict[str, str] = {}
+    paths: list[str] = []
+    for source in dict.fromkeys(sources):
+        if prefix is not None and source.startswith(prefix) and len(source) > len(prefix):
+            shown[source] = source[len(prefix) :]
+        elif source.startswith("/"):
+            paths.append(source)
+        else:
+            shown[source] = source
+    depth = 1
+    while paths:
+        tails = {p: "/".join(PurePosixPath(p).parts[1:][-depth:]) for p in paths}
+        counts = Counter(tails.values())
+        for path, tail in tails.items():
+            if counts[tail] == 1 or tail == path.lstrip("/"):
+                shown[path] = tail
+        paths = [p for p in paths if p not in shown]
+        depth += 1
+    return shown
+
+
+def collect_sources(chunks: Sequence[Chunk]) -> tuple[Source, ...]:
+    """Distinct documents in order of first appearance, each with the ranks citing it."""
+    order: dict[str, tuple[str, list[int]]] = {}
+    for chunk in chunks:
+        order.setdefault(chunk.source, (chunk.document, []))[1].append(chunk.rank)
+    return tuple(
+        Source(source=source, document=document, ranks=tuple(ranks))
+        for source, (document, ranks) in order.items()
+    )
+
+
+def build_context(chunks: Sequence[Chunk], sources: Sequence[Source] | None = None) -> str:
+    """The block an LLM prompt takes as is: numbered chunks, then the deduplicated sources.
+
+    The one producer of the context block for the CLI, the Python API and HTTP.
+    Empty when there are no chunks.
+    """
+    if not chunks:
+        return ""
+    if sources is None:
+        sources = collect_sources(chunks)
+    parts = []
+    for chunk in chunks:
+        # A heading path usually starts with the document's own title: say it once.
+        if chunk.section.startswith(chunk.document):
+            heading = f"[{chunk.rank}] {chunk.section}"
+        elif chunk.section:
+            heading = f"[{chunk.rank}] {chunk.document} — {chunk.section}"
+        else:
+            heading = f"[{chunk.rank}] {chunk.document}"
+        parts.append(f"{heading}\n{chunk.content.strip()}")
+    lines = ["Sources:"]
+    for source in sources:
+        cited = ", ".join(str(rank) for rank in source.ranks)
+        lines.append(f"- {source.document}: {source.source} [{cited}]")
+    parts.append("\n".join(lines))
+    return "\n\n".join(parts) + "\n"

@@ -1,0 +1,187 @@
+"""A search run: embed the question (and its paraphrases), call kb.search in one session,
+rerank when asked (then cap and cut in SQL), and type the rows."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from typing import Any
+
+import psycopg
+from psycopg.rows import dict_row
+
+from kbpg.errors import EmbeddingSpaceMismatch
+from kbpg.models.clients import ModelClients
+from kbpg.models.embedders import Embedder, FloatArray, embed_queries
+from kbpg.search.request import SearchRequest, sql_types
+from kbpg.search.results import Chunk, SearchResult, Timings
+from kbpg.search.stages import StageReport, cap_and_cut, paraphrases, rerank_order
+from kbpg.store import queries
+from kbpg.store.sessions import Cancellation, Database, Principal
+
+__all__ = ["checked_embedding", "run_search", "within_window"]
+
+
+# kb.search's parameters with their SQL types (explicit casts keep function resolution
+# independent of how the driver types a Python value). The query vector goes uncast: the
+# pgvector dumper sends it with the type's own oid, wherever the extension lives.
+_SEARCH_TYPES = {
+    **sql_types(),
+    "query_embedding": "",
+    "extra_embeddings": "",
+    "rerank_pool": "integer",
+}
+
+
+def _row_to_chunk(row: dict[str, Any]) -> Chunk:
+    similarity = row["similarity"]
+    return Chunk(
+        rank=int(row["rank"]),
+        chunk_id=int(row["chunk_id"]),
+        document_id=int(row["document_id"]),
+        document=row["title"] or row["source"],
+        source=row["source"],
+        section=row["section"] or "",
+        content=row["content"],
+        score=float(row["score"]),
+        similarity=None if similarity is None else float(similarity),
+        vector_rank=row["vector_rank"],
+        lexical_rank=row["lexical_rank"],
+        graph_rank=row["graph_rank"],
+        fused_rank=row["fused_rank"],
+        rerank_score=row.get("rerank_score"),
+    )
+
+
+def run_search(
+    db: Database,
+    models: ModelClients,
+    request: SearchRequest,
+    principal: Principal | None = None,
+    cancel: Cancellation | None = None,
+) -> SearchResult:
+    """Embed the query (and its paraphrases), run kb.search in one session as `principal`,
+    rerank the fused pool when asked (then cap and cut in SQL), and type the rows."""
+    request = request.with_defaults(db.settings)
+    assert request.top is not None  # with_defaults fills it
+    embedder = models.embedder
+    stages: list[StageReport] = []
+    started = time.perf_counter()
+    questions = [request.query]
+    if request.expand:
+        found, report = paraphrases(
+            models.chat(), request.query, models.settings.expand_count, models.expansions
+        )
+        stages.append(report)
+        questions += found
+    windowed = [within_window(embedder, q) for q in questions]
+    if len(windowed) == 1:
+        embeddings = [embedder.embed_query(windowed[0])]
+    else:  # the question and its paraphrases in one batch
+        embeddings = list(embed_queries(embedder, windowed))
+    embedded = time.perf_counter()
+    reranker = models.reranker() if request.rerank else None
+    notices: list[str] = []
+
+    def on_notice(diag: psycopg.errors.Diagnostic) -> None:
+        if diag.message_primary:
+            notices.append(diag.message_primary)
+
+    with _session(db, principal, cancel) as conn:
+        conn.add_notice_handler(on_notice)
+        try:
+            args = request.arguments()
+            vector = checked_embedding(conn, embedder, embeddings[0])
+            if vector is not None:
+                args["query_embedding"] = vector
+                if len(embeddings) > 1:
+                    args["extra_embeddings"] = embeddings[1:]
+            if reranker is not None:
+                args["rerank_pool"] = max(models.settings.rerank_initial_k, request.top)
+            statement = queries.call_search(_SEARCH_TYPES, list(args))
+            with conn.cursor(row_factory=dict_row) as cursor:
+                rows = cursor.execute(statement, args).fetchall()
+        finally:
+            conn.remove_notice_handler(on_notice)
+    model_ms = 0.0
+    if reranker is not None:
+        # the model call runs outside any transaction: a slow reranker holds no connection
+        order, report = rerank_order(
+            reranker, request.query, rows, request.top, models.settings.rerank_max_chars
+        )
+        stages.append(report)
+        model_ms = report.ms
+        ranked = [{**rows[i], "rerank_score": score} for i, score in order]
+        with _session(db, principal, cancel) as conn:
+            rows = cap_and_cut(conn, ranked, request.top, request.max_per_doc)
+    finished = time.perf_counter()
+    expand_ms = sum(s.ms for s in stages if s.stage == "expand")
+    timings = Timings(
+        embed_ms=(embedded - started) * 1000 - expand_ms,
+        sql_ms=(finished - embedded) * 1000 - model_ms,
+        total_ms=(finished - started) * 1000,
+    )
+    return SearchResult(
+        query=request.query,
+        chunks=tuple(_row_to_chunk(row) for row in rows),
+        timings=timings,
+        notices=tuple(notices),
+        stages=tuple(stages),
+    )
+
+
+@contextmanager
+def _session(
+    db: Database, principal: Principal | None, cancel: Cancellation | None
+) -> Iterator[psycopg.Connection[Any]]:
+    """db.session(principal), its statements cancellable through `cancel` when given."""
+    with db.session(principal) as conn, cancel.watching(conn) if cancel else nullcontext():
+        yield conn
+
+
+def within_window(embedder: Embedder, query: str) -> str:
+    """The longest word prefix of the query that fits the model's token window.
+
+    Only the vector arm sees the cut; the lexical arm searches the whole query.
+    """
+    limit = embedder.max_tokens
+    if embedder.count_tokens(query) <= limit:
+        return query
+    words = query.split()
+    low, high = 0, len(words)  # words[:low] fits; find the largest such prefix
+    while low < high:
+        middle = (low + high + 1) // 2
+        if embedder.count_tokens(" ".join(words[:middle])) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    if low > 0:
+        return " ".join(words[:low])
+    # one giant word (no spaces, e.g. CJK text): cut by characters instead
+    low, high = 0, len(words[0])
+    while low < high:
+        middle = (low + high + 1) // 2
+        if embedder.count_tokens(words[0][:middle]) <= limit:
+            low = middle
+        else:
+            high = middle - 1
+    return words[0][:low]
+
+
+def checked_embedding(
+    conn: psycopg.Connection[Any], embedder: Embedder, embedding: FloatArray
+) -> FloatArray | None:
+    """The query vector, None for a knowledge base without vectors; refuses another model."""
+    row = conn.execute(queries.EMBEDDING_SPACE).fetchone()
+    if row is None:
+        return None
+    model, dimension = row
+    if model != embedder.model_name or dimension != embedder.dimension:
+        raise EmbeddingSpaceMismatch(
+            f"this knowledge base holds {model} vectors ({dimension}-d), but queries are "
+            f"embedded with {embedder.model_name} ({embedder.dimension}-d)",
+            hint=f"set KBPG_EMBEDDER to the model the knowledge base was built with "
+            f"({model}), or run `kbpg reembed` to rebuild it",
+        )
+    return embedding

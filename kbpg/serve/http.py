@@ -1,0 +1,348 @@
+"""The HTTP API (`kbpg serve`): POST /api/v1/kb/search, GET /healthz, the search page, offline docs."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager, suppress
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import FileResponse, JSONResponse, Response
+from fastapi.staticfiles import StaticFiles
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+
+from kbpg.app import Cancellation, KnowledgeBase, Principal
+from kbpg.config import Settings
+from kbpg.errors import (
+    Busy,
+    ConfigError,
+    DatabaseUnavailable,
+    EmbeddingSpaceMismatch,
+    InvalidInput,
+    KbpgError,
+    ModelError,
+    PermissionDenied,
+    QueryTimeout,
+    ReadOnlyDatabase,
+    SchemaNotMigrated,
+    StageUnavailable,
+)
+from kbpg.search import request as search_request
+from kbpg.search.results import Chunk, SearchResult, Source
+from kbpg.search.stages import StageReport
+from kbpg.serve.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
+from kbpg.serve.tokens import Tokens
+
+_log = logging.getLogger("uvicorn.error")
+
+MAX_BODY_BYTES = 64 * 1024
+SEARCH_PATH = "/api/v1/kb/search"
+WEB_DIR = Path(__file__).parent / "web"
+BUSY_RETRY_AFTER_S = 2
+
+_PYTHON_TYPES: dict[str, Any] = {
+    "query": str,
+    "int": int,
+    "float": float,
+    "bool": bool,
+    "text": str,
+    "texts": list[str],
+}
+
+
+class _SearchBody(BaseModel):
+    """Strict types (`true` is not 1, "5" is not 5); the values are checked by kbpg.request."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    @field_validator("*")
+    @classmethod
+    def _checked(cls, value: Any, info: Any) -> Any:
+        try:
+            search_request.check(info.field_name, value)
+        except InvalidInput as exc:
+            raise ValueError(exc.message) from None
+        return value
+
+
+def _body_field(name: str, option: search_request.Option) -> tuple[Any, Any]:
+    kind = _PYTHON_TYPES[option.kind]
+    description = option.help + (f" Default: {option.default_note}." if option.default_note else "")
+    if option.env:
+        description += f" ({option.env})"
+    if option.kind == "query":
+        return kind, Field(min_length=1, description=description)
+    if option.kind in ("int", "float"):
+        bounded = Field(default=None, description=description, ge=option.minimum, le=option.maximum)
+        return kind | None, bounded
+    return kind | None, Field(default=None, description=description)
+
+
+# The HTTP body of POST /api/v1/kb/search: SearchRequest's fields, mapped one to one.
+SearchRequest: type[_SearchBody] = create_model(  # type: ignore[call-overload]
+    "SearchRequest",
+    __base__=_SearchBody,
+    __doc__="A search: the query and optional filters; omitted fields take kbpg's defaults.",
+    **{name: _body_field(name, option) for name, option in search_request.OPTIONS.items()},
+)
+
+
+class SearchResponse(BaseModel):
+    """The LLM-ready context block, its sources, and the ranked chunks (as `kbpg search --json`)."""
+
+    context: str
+    sources: list[Source]
+    chunks: list[Chunk]
+    stages: list[StageReport] = Field(
+        default_factory=list,
+        description="What each optional stage asked for (rerank, expand) did: applied, "
+        "skipped or failed, with the reason; a failed stage leaves the plain result.",
+    )
+
+
+class ErrorResponse(BaseModel):
+    error: str
+    message: str
+    hint: str | None = None
+
+
+# What a client is told for each error: what to do, never PostgreSQL's own text, paths or role
+# names (those go to the server log). None: the error's message is kbpg's own and says what to
+# fix (validation, kbpg's SQL raising with a hint).
+_ANSWERS: list[tuple[type[KbpgError], int, str | None, str | None]] = [
+    (InvalidInput, 422, None, None),
+    (
+        PermissionDenied,
+        403,
+        "this token may not search this knowledge base",
+        "ask the server's operator to grant the token's role kbpg_reader",
+    ),
+    (Busy, 503, "the server is busy", f"retry in {BUSY_RETRY_AFTER_S} seconds"),
+    (QueryTimeout, 504, "the search took too long and was stopped", "use fewer words or filters"),
+    (
+        EmbeddingSpaceMismatch,
+        503,
+        "the server's embedding model does not match this knowledge base",
+        "the server's operator must fix its model setting (see the server log)",
+    ),
+    (DatabaseUnavailable, 503, "the database is unavailable", "retry later"),
+    (SchemaNotMigrated, 503, "the knowledge base is not ready yet", "retry later"),
+    (ReadOnlyDatabase, 503, "the knowledge base cannot take writes here", None),
+    (ModelError, 502, "the model server failed", "retry later"),
+    (StageUnavailable, 422, None, None),
+]
+
+
+def _own_message(exc: KbpgError) -> bool:
+    """True when the message was written by kbpg: raised in Python, or by kbpg's SQL with a hint."""
+    cause = exc.__cause__
+    if not isinstance(cause, psycopg.Error):
+        return True
+    state = cause.sqlstate or ""
+    return state.startswith("KB") or bool(cause.diag.message_hint)
+
+
+def error_response(exc: KbpgError) -> JSONResponse:
+    """The client's view of a KbpgError; the full message is logged for the operator."""
+    status, message, hint = next(
+        ((code, text, tip) for kind, code, text, tip in _ANSWERS if isinstance(exc, kind)),
+        (500, "the search failed", "retry later; the server's log has the cause"),
+    )
+    if message is None and not _own_message(exc):
+        message, hint = "the database refused the search request", "check the request's values"
+    if message is None:
+        body = ErrorResponse(error=type(exc).__name__, message=exc.message, hint=exc.hint)
+    else:
+        body = ErrorResponse(error=type(exc).__name__, message=message, hint=hint)
+        _log.warning("%s (%s): %s", body.error, status, exc.message)
+    headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)} if isinstance(exc, Busy) else None
+    return JSONResponse(body.model_dump(), status_code=status, headers=headers)
+
+
+async def _disconnected(request: Request) -> None:
+    """Returns when the client goes away (the body is read: the next message is a disconnect)."""
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _search_until_disconnect(
+    kb: KnowledgeBase, query: search_request.SearchRequest, principal: Principal, request: Request
+) -> SearchResult | None:
+    """Run the search in a worker thread; cancel its SQL when the client disconnects (None)."""
+    cancel = Cancellation()
+    work = asyncio.ensure_future(
+        run_in_threadpool(kb.search, query, principal=principal, cancel=cancel)
+    )
+    gone = asyncio.ensure_future(_disconnected(request))
+    try:
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+    if not work.done():
+        _log.info("client went away: cancelling its search")
+        cancel.cancel()
+        with suppress(KbpgError):  # the statement ends with query_canceled; nobody listens
+            await work
+        return None
+    return work.result()
+
+
+def create_app(
+    kb: KnowledgeBase,
+    *,
+    token: str | None = None,
+    tokens: Tokens | None = None,
+    hosts: frozenset[str] | None = allowed_hosts("127.0.0.1"),
+    max_body_bytes: int = MAX_BODY_BYTES,
+    source_root: str | None = None,
+) -> FastAPI:
+    """The FastAPI app over one KnowledgeBase (one model, one connection pool).
+
+    `tokens` (or the single `token`) guard the API; `hosts` are the Host names served (None:
+    any); sources are shown relative to `source_root` (see search.display_sources).
+    """
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            kb.close()
+
+    app = FastAPI(
+        title="kbpg",
+        summary="Knowledge-base retrieval inside PostgreSQL (pgvector + BM25 + graph, RRF).",
+        lifespan=lifespan,
+        docs_url=None,  # FastAPI's Swagger UI loads from a CDN: blank offline. See /docs below.
+        redoc_url=None,
+    )
+
+    @app.exception_handler(KbpgError)
+    async def kbpg_error(request: Request, exc: KbpgError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # FastAPI's default echoes each invalid input back: a 60 KB query, or a lone surrogate
+        # that cannot even be encoded as JSON. Where and what is enough to fix a request.
+        detail = [
+            {"type": error["type"], "loc": [_printable(part) for part in error["loc"]],
+             "msg": _printable(error["msg"])}
+            for error in exc.errors()
+        ]  # fmt: skip
+        return JSONResponse({"detail": detail}, status_code=422)
+
+    @app.post(
+        SEARCH_PATH,
+        response_model=SearchResponse,
+        responses={
+            401: {"model": ErrorResponse},
+            403: {"model": ErrorResponse},
+            413: {"model": ErrorResponse},
+            503: {"model": ErrorResponse, "description": "busy (Retry-After) or not ready"},
+            504: {"model": ErrorResponse},
+        },
+    )
+    async def search(body: SearchRequest, request: Request) -> Any:  # type: ignore[valid-type]
+        """Rank chunks for a query with kb.search; returns context, sources and chunks.
+
+        Runs as the database role of the request's token; a client that disconnects has its
+        SQL cancelled.
+        """
+        query = search_request.SearchRequest(**body.model_dump())  # type: ignore[attr-defined]
+        principal = request.scope.get("state", {}).get("principal") or Principal()
+        result = await _search_until_disconnect(kb, query, principal, request)
+        if result is None:
+            return Response(status_code=499)  # nginx's "client closed request"; never read
+        return result.for_display(source_root).to_json()
+
+    @app.get(HEALTH_PATH, responses={503: {"description": "not ready"}})
+    def healthz() -> JSONResponse:
+        """Database reachable, schema at head, model loaded (503 otherwise); no token needed."""
+        report = kb.health()
+        if not report["ok"]:
+            _log.warning("not ready: %s", report)
+            report = {**report, "database": _brief(report["database"])}
+        return JSONResponse(report, status_code=200 if report["ok"] else 503)
+
+    @app.get("/", include_in_schema=False)
+    def page() -> FileResponse:
+        return FileResponse(WEB_DIR / "index.html", headers=_PAGE_HEADERS)
+
+    @app.get("/docs", include_in_schema=False)
+    def docs() -> FileResponse:
+        return FileResponse(WEB_DIR / "docs.html", headers=_PAGE_HEADERS)
+
+    app.mount("/static", StaticFiles(directory=WEB_DIR), name="static")
+    app.add_middleware(
+        GuardMiddleware,
+        tokens=tokens or Tokens(token),
+        hosts=hosts,
+        max_body_bytes=max_body_bytes,
+        public_paths=frozenset({"/", "/docs", "/openapi.json"}),
+        public_prefixes=("/static/",),
+    )
+    return app
+
+
+# The page and its scripts come from this server only; nothing may frame it.
+_PAGE_HEADERS = {
+    "Content-Security-Policy": "default-src 'self'; frame-ancestors 'none'; base-uri 'none'",
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+}
+
+
+def _printable(value: Any) -> Any:
+    """A validation error's part, encodable as JSON UTF-8 (a lone surrogate becomes U+FFFD)."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "replace").decode("utf-8")
+    return value
+
+
+def _brief(message: str) -> str:
+    """A health report's database line without the server's socket path or PostgreSQL text."""
+    return "ok" if message == "ok" else "unavailable"
+
+
+def serve(
+    settings: Settings,
+    *,
+    host: str,
+    port: int,
+    pool_size: int = 8,
+    extra_hosts: tuple[str, ...] = (),
+    tokens_file: Path | None = None,
+    insecure_no_token: bool = False,
+    source_root: str | None = None,
+) -> None:
+    """Load the model, open the pool, and run the API with uvicorn until interrupted."""
+    import uvicorn
+
+    tokens = Tokens(settings.api_token, tokens_file)
+    if not tokens.enabled and not is_loopback(host) and not insecure_no_token:
+        raise ConfigError(
+            f"refusing to serve on {host} without a token: anyone who can reach it could search",
+            hint="set KBPG_API_TOKEN or --tokens-file, bind 127.0.0.1, or pass "
+            "--insecure-no-token if the network in front of it is trusted",
+        )
+    hosts = None if "*" in extra_hosts else allowed_hosts(host, extra_hosts)
+    kb = KnowledgeBase.from_env(settings, pool_size=pool_size)
+    try:
+        kb.warm_up()
+        report = kb.health()
+        if not report["ok"]:
+            # Serve anyway: /healthz says 503 until the schema is migrated.
+            _log.warning("not ready: database %s, schema %s", report["database"], report["schema"])
+        if not tokens.enabled and not is_loopback(host):
+            _log.warning("serving on %s without a token (--insecure-no-token)", host)
+        app = create_app(kb, tokens=tokens, hosts=hosts, source_root=source_root)
+        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+    finally:
+        kb.close()

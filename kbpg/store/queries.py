@@ -1,0 +1,381 @@
+"""kbpg's SQL, named and kept in one place (migrations and the sql/ files live elsewhere)."""
+
+from __future__ import annotations
+
+import re
+from typing import Final
+
+from psycopg import sql
+
+# -- search -----------------------------------------------------------------------------------
+
+EMBEDDING_SPACE: Final = "select model, dimension from kb.embedding_space"
+SEARCH_COLUMNS: Final = (
+    "rank, chunk_id, document_id, source, title, section, content, score, similarity, "
+    "vector_rank, lexical_rank, graph_rank, fused_rank"
+)
+# After a reranker: its order through the per-document cap and the cut, as 1-based positions
+# into that order ({max_per_doc} is empty for kb.cap_per_document's own default).
+CAP_AND_CUT: Final = (
+    "select p.input_rank from kb.cap_per_document(%(ids)s::bigint[], %(docs)s::bigint[]"
+    "{max_per_doc}) p where p.rank <= %(top)s order by p.rank"
+)
+
+
+def call_search(types: dict[str, str], names: list[str]) -> sql.Composed:
+    """`select <columns> from kb.search(name => %(name)s::type, ...)` for the given names
+    (no cast where the type is empty)."""
+    named = [
+        sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name))
+        + (sql.SQL("::" + types[name]) if types[name] else sql.SQL(""))
+        for name in names
+    ]
+    return sql.SQL("select {} from kb.search({})").format(
+        sql.SQL(SEARCH_COLUMNS), sql.SQL(", ").join(named)
+    )
+
+
+def call_ranked_documents(function: str, names: list[str]) -> sql.Composed:
+    """`select document_id from kb.<function>(name => %(name)s, ...) order by rank` (eval)."""
+    named = sql.SQL(", ").join(
+        sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name)) for name in names
+    )
+    return sql.SQL("select document_id from kb.{}({}) order by rank").format(
+        sql.Identifier(function), named
+    )
+
+
+# -- sessions ---------------------------------------------------------------------------------
+
+
+def local_settings(role: str | None, timeouts: dict[str, int]) -> sql.Composed:
+    """One round trip: SET LOCAL ROLE (when a role is given) and the local timeouts (ms)."""
+    statements = []
+    if role is not None:
+        statements.append(sql.SQL("set local role {}").format(sql.Identifier(role)))
+    statements += [
+        sql.SQL("set local {} = {}").format(sql.Identifier(name), sql.Literal(str(value)))
+        for name, value in timeouts.items()
+    ]
+    return sql.SQL("; ").join(statements)
+
+
+# -- ingest -----------------------------------------------------------------------------------
+
+# Serialises kbpg writers (ingest, delete, reembed) on one database; a session-level lock,
+# released when the connection ends, even on kill.
+WRITE_LOCK: Final = "select pg_catalog.pg_advisory_lock(%s)"
+WRITE_TRY_LOCK: Final = "select pg_catalog.pg_try_advisory_lock(%s)"
+# Waiting for the write lock gives up after this (ms); local to the transaction that waits.
+WRITE_LOCK_WAIT: Final = "select pg_catalog.set_config('lock_timeout', %s, true)"
+# Who holds it (a bigint key below 2^32 is classid 0, objid key, objsubid 1).
+WRITE_LOCK_HOLDER: Final = """
+select a.pid, a.application_name, a.backend_start
+  from pg_catalog.pg_locks l
+  left join pg_catalog.pg_stat_activity a on a.pid = l.pid
+ where l.locktype = 'advisory' and l.granted and l.classid = 0 and l.objid = %s
+   and l.objsubid = 1
+ limit 1
+"""
+WRITE_UNLOCK: Final = "select pg_catalog.pg_advisory_unlock(%s)"
+SET_EMBEDDING_SPACE: Final = (
+    "select kb.set_embedding_space(model_name => %s, vector_dimension => %s)"
+)
+EXISTING_DOCUMENTS: Final = (
+    "select source, id, content_hash from kb.documents where source = any(%s)"
+)
+# Ids for a batch's new documents and all its chunks, taken ahead of the write (on the
+# preparer's connection): the writer then copies rows with their ids and never looks them up
+# (looking up the chunks' ids after each COPY was planned as a scan of kb.chunks at times).
+# A sequence is not transactional: ids of a batch that fails are skipped, as on any rollback.
+ALLOCATE_IDS: Final = """
+select array(select pg_catalog.nextval(s.documents) from pg_catalog.generate_series(1, %s)),
+       array(select pg_catalog.nextval(s.chunks) from pg_catalog.generate_series(1, %s))
+  from (select pg_catalog.pg_get_serial_sequence('kb.documents', 'id')::pg_catalog.regclass,
+               pg_catalog.pg_get_serial_sequence('kb.chunks', 'id')::pg_catalog.regclass)
+       as s(documents, chunks)
+"""
+ALL_DOCUMENTS: Final = "select id, source from kb.documents"
+UPDATE_DOCUMENT: Final = """
+update kb.documents
+   set title = %s, category = %s, groups = %s, labels = %s, metadata = %s,
+       content_hash = %s, updated_at = now()
+ where id = %s
+"""
+DELETE_CHUNKS_OF: Final = "delete from kb.chunks where document_id = any(%s)"
+DELETE_DOCUMENTS_BY_ID: Final = "delete from kb.documents where id = any(%s)"
+# COPY writes the given ids into the identity columns (as OVERRIDING SYSTEM VALUE would)
+COPY_DOCUMENTS: Final = (
+    "copy kb.documents (id, source, title, category, groups, labels, metadata, content_hash)"
+    " from stdin"
+)
+COPY_CHUNKS: Final = (
+    "copy kb.chunks (id, document_id, ordinal, section, content, groups, category, labels,"
+    " embedding, context, context_key) from stdin (format binary)"
+)
+CHUNK_TYPES: Final = [
+    "int8", "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
+]  # fmt: skip
+COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
+COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
+COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
+REFRESH_LEXICAL_INDEX: Final = "select * from kb.refresh_lexical_index()"
+# COPY FROM is refused on a table whose row-level security applies to the role (kbpg access
+# enable; a writer role is subject to it, its policy admits every row): copy into a temporary
+# table instead and INSERT from it, which the policies check
+ROW_SECURITY_ACTIVE: Final = "select pg_catalog.row_security_active('kb.chunks'::regclass)"
+_COPY = re.compile(r"copy kb\.(\w+) \(([^)]*)\) from stdin(.*)", re.DOTALL)
+
+
+def staged_copy(copy_sql: str) -> tuple[str, str, str, str]:
+    """For one of the COPY_* statements: create a stage, copy into it, insert, drop it."""
+    match = _COPY.fullmatch(copy_sql)
+    if match is None:
+        raise ValueError(f"not a COPY_* statement: {copy_sql!r}")
+    table, columns, options = match.groups()
+    stage = f"kbpg_stage_{table}"
+    # an identity column's value is only taken from an INSERT that says so
+    overriding = " overriding system value" if columns.split(",")[0] == "id" else ""
+    return (
+        f"create temp table {stage} on commit drop as select {columns} from kb.{table} with no data",
+        f"copy {stage} ({columns}) from stdin{options}",
+        f"insert into kb.{table} ({columns}){overriding} select {columns} from {stage}",
+        f"drop table {stage}",
+    )
+
+
+# Link and entity edges, derived from kb.chunk_links / kb.chunk_entities over the whole
+# knowledge base and applied as a difference: a run that changes nothing writes nothing.
+REFRESH_EDGES: Final = """
+with link_edges as (
+    select l.chunk_id as src,
+           coalesce(
+               (select c.id from kb.chunks c
+                 where c.document_id = d.id and l.fragment <> ''
+                   and trim(both '-' from regexp_replace(lower(
+                         regexp_replace(c.section, '^.* > ', '')), '[^a-z0-9]+', '-', 'g'))
+                       = lower(l.fragment)
+                 order by c.ordinal limit 1),
+               (select c.id from kb.chunks c where c.document_id = d.id
+                 order by c.ordinal limit 1)) as dst,
+           'link'::text as relation,
+           %(link_weight)s::real as weight
+      from kb.chunk_links l
+      join kb.documents d on d.source = l.target_source
+), first_mention as (
+    select distinct on (e.entity, c.document_id) e.entity, c.document_id, c.id
+      from kb.chunk_entities e join kb.chunks c on c.id = e.chunk_id
+     order by e.entity, c.document_id, c.ordinal
+), rare as (
+    select entity, document_id, id, count(*) over (partition by entity) as df
+      from first_mention
+), entity_edges as (
+    select least(a.id, b.id) as src, greatest(a.id, b.id) as dst, 'entity'::text as relation,
+           max(2.0 / a.df)::real as weight
+      from rare a join rare b on a.entity = b.entity and a.document_id < b.document_id
+     where a.df between 2 and %(max_docs)s
+     group by 1, 2
+), desired as (
+    select src, dst, relation, max(weight) as weight
+      from (select * from link_edges union all select * from entity_edges) x
+     where dst is not null and src <> dst
+     group by src, dst, relation
+), removed as (
+    delete from kb.edges e
+     where e.relation in ('link', 'entity')
+       and not exists (select 1 from desired d where d.src = e.src_chunk_id
+                          and d.dst = e.dst_chunk_id and d.relation = e.relation)
+    returning 1
+), reweighted as (
+    update kb.edges e set weight = d.weight
+      from desired d
+     where d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
+       and e.weight <> d.weight
+    returning 1
+), added as (
+    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)
+    select d.src, d.dst, d.relation, d.weight from desired d
+     where not exists (select 1 from kb.edges e where e.src_chunk_id = d.src
+                          and e.dst_chunk_id = d.dst and e.relation = d.relation)
+    returning 1
+)
+select (select count(*) from added), (select count(*) from removed),
+       (select count(*) from reweighted)
+"""
+
+# -- maintenance ------------------------------------------------------------------------------
+
+LIST_DOCUMENTS: Final = """
+select d.source, d.title, d.category, d.groups, d.labels,
+       (select count(*) from kb.chunks c where c.document_id = d.id) as chunks,
+       d.updated_at
+  from kb.documents d
+ where %(group)s::text is null or %(group)s = any(d.groups)
+ order by d.source
+"""
+# One document's chunks in reading order, by source (a path also matches its absolute form).
+DOCUMENT_CHUNKS: Final = """
+select d.source, d.title, d.category, d.groups, d.labels, c.ordinal, c.section, c.content
+  from kb.documents d
+  join kb.chunks c on c.document_id = d.id
+ where d.source = (select d2.source from kb.documents d2
+                    where d2.source = any(%(sources)s::text[])
+                    order by d2.source = %(source)s desc limit 1)
+ order by c.ordinal
+"""
+DELETE_DOCUMENT_BY_SOURCE: Final = (
+    "delete from kb.documents where source = any(%s) returning source"
+)
+STATS: Final = """
+select (select count(*) from kb.documents),
+       (select count(*) from kb.chunks),
+       (select count(*) from kb.chunks where embedding is null),
+       (select coalesce(jsonb_object_agg(relation, n), '{}') from
+           (select relation, count(*) as n from kb.edges group by relation) e),
+       (select model from kb.embedding_space),
+       (select dimension from kb.embedding_space),
+       (select layout from kb.embedding_space),
+       to_regclass('kb.chunks_embedding_hnsw') is not null,
+       (select chunk_count from kb.corpus_stats),
+       (select total_tokens from kb.corpus_stats),
+       (select count(*) from kb.lexeme_stats),
+       (select name from kb.language)
+"""
+# a partitioned table or index (kind p, I: no storage of its own) counts as the sum of its
+# partitions, which are not listed on their own
+RELATION_SIZES: Final = """
+select c.relname, case c.relkind when 'p' then 'r' when 'I' then 'i' else c.relkind::text end,
+       coalesce(sum(pg_catalog.pg_relation_size(t.relid)), 0),
+       coalesce(sum(pg_catalog.pg_total_relation_size(t.relid)), 0)
+  from pg_catalog.pg_class c
+ cross join lateral (select c.oid as relid where c.relkind in ('r', 'i')
+                     union all
+                     select p.relid from pg_catalog.pg_partition_tree(c.oid) p
+                      where c.relkind in ('p', 'I') and p.isleaf) t
+ where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i', 'p', 'I')
+   and not c.relispartition
+ group by c.relname, c.relkind
+ order by 2 desc, 1
+"""
+RESET_EMBEDDING_SPACE: Final = (
+    "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s)"
+)
+# the embedding column's own type, wherever the vector extension lives
+REEMBED_TABLE: Final = (
+    "create temporary table kbpg_reembed on commit drop"
+    " as select id, embedding from kb.chunks with no data"
+)
+REEMBED_READ: Final = "select id, section, content, context from kb.chunks order by id"
+REEMBED_COPY: Final = "copy kbpg_reembed (id, embedding) from stdin (format binary)"
+REEMBED_APPLY: Final = (
+    "update kb.chunks c set embedding = r.embedding from kbpg_reembed r where r.id = c.id"
+)
+
+# -- eval and status --------------------------------------------------------------------------
+
+HAS_EDGES: Final = "select exists (select 1 from kb.edges)"
+SERVER_VERSION: Final = "show server_version"
+VECTOR_VERSION: Final = "select extversion from pg_catalog.pg_extension where extname = 'vector'"
+
+# -- prewarming (sql/085-prewarm.sql) ---------------------------------------------------------
+
+PREWARM_AVAILABLE: Final = (
+    "select exists (select 1 from pg_catalog.pg_available_extensions where name = 'pg_prewarm'),"
+    " pg_catalog.to_regprocedure('kb.prewarm(double precision)') is not null"
+)
+CREATE_PREWARM: Final = "create extension if not exists pg_prewarm"
+PREWARM: Final = "select mode, sum(bytes) from kb.prewarm() group by mode"
+
+
+def create_database(name: str) -> sql.Composed:
+    return sql.SQL("create database {}").format(sql.Identifier(name))
+
+
+def drop_database(name: str) -> sql.Composed:
+    return sql.SQL("drop database if exists {} with (force)").format(sql.Identifier(name))
+
+
+# -- access control (sql/080-access.sql) -------------------------------------------------------
+
+ACCESS_SETUP: Final = "select reader, writer from kb.access_setup(reader_role => %(reader)s, writer_role => %(writer)s)"
+ACCESS_GRANT: Final = (
+    "select role, group_name from kb.grant_groups(role_name => %(role)s, groups => %(groups)s)"
+)
+ACCESS_REVOKE: Final = (
+    "select role, group_name from kb.revoke_groups(role_name => %(role)s, groups => %(groups)s)"
+)
+ACCESS_LIST: Final = (
+    "select role, group_name, granted_at from kb.list_grants(role_name => %(role)s)"
+)
+ACCESS_STATUS: Final = (
+    "select enforced, tables_enforced, tables_total, reader_role, writer_role,"
+    " lexical_cache_split, visible_groups, reads_all from kb.access_status()"
+)
+ACCESS_ENABLE: Final = "select kb.access_enable()"
+ACCESS_DISABLE: Final = "select kb.access_disable()"
+
+# -- contextual retrieval ---------------------------------------------------------------------
+
+CONTEXT_READ: Final = (
+    "select c.document_id, coalesce(nullif(d.title, ''), d.source), c.id, c.section, c.content,"
+    " c.context, c.context_key from kb.chunks c join kb.documents d on d.id = c.document_id"
+    " order by c.document_id, c.ordinal"
+)
+CONTEXT_WRITE: Final = (
+    "update kb.chunks set context = %s, context_key = %s, embedding = %s where id = %s"
+)
+
+
+# -- the vector index (kbpg.indexing) ---------------------------------------------------------
+
+INDEX_BUILD_INPUTS: Final = """
+select e.layout, e.dimension, s.chunk_count,
+       pg_catalog.pg_size_bytes(pg_catalog.current_setting('maintenance_work_mem'))
+  from kb.embedding_space e, kb.corpus_stats s
+"""
+INDEX_PROGRESS: Final = (
+    "select phase, tuples_done, tuples_total, partitions_done, partitions_total"
+    " from pg_catalog.pg_stat_progress_create_index where pid = %s"
+)
+SPACE_LAYOUT_AND_CHUNKS: Final = (
+    "select e.layout, s.chunk_count from kb.embedding_space e, kb.corpus_stats s"
+)
+SET_LOCAL: Final = "select pg_catalog.set_config(%s, %s, true)"
+SET_EMBEDDING_LAYOUT: Final = "select kb.set_embedding_layout(%s)"
+VECTOR_INDEX_PRESENT: Final = (
+    "select pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null"
+)
+DROP_VECTOR_INDEX: Final = "drop index kb.chunks_embedding_hnsw"
+# dropping or building the index takes its owner's privileges (those of kb.chunks' owner)
+MAY_REBUILD_VECTOR_INDEX: Final = (
+    "select pg_catalog.pg_has_role(c.relowner, 'USAGE') from pg_catalog.pg_class c"
+    " where c.oid = 'kb.chunks'::pg_catalog.regclass"
+)
+HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"
+
+# -- the knowledge base's language (sql/015) ---------------------------------------------------
+
+LANGUAGE: Final = "select name from kb.language"
+LANGUAGE_CHANGE_BEGIN: Final = (
+    "select language_before, language_after, chunks"
+    " from kb._language_change_begin(language => %(language)s)"
+)
+LANGUAGE_REANALYSE: Final = "select kb._language_reanalyse(batch_size => %(batch)s)"
+LANGUAGE_CHANGE_FINISH: Final = (
+    "select chunks, lexemes, blocks_rebuilt from kb._language_change_finish()"
+)
+# whether a configuration's words are English to the model: when both
+# kinds of word (ASCII and other letters) go to an english* or simple dictionary
+LANGUAGE_IS_ENGLISH: Final = """
+select not exists (
+         select 1
+           from pg_catalog.ts_token_type('default') t
+          where t.alias in ('asciiword', 'word')
+            and not exists (select 1
+                              from pg_catalog.pg_ts_config_map m
+                              join pg_catalog.pg_ts_dict d on d.oid = m.mapdict
+                             where m.mapcfg = %(language)s::pg_catalog.regconfig
+                               and m.maptokentype = t.tokid
+                               and (d.dictname like 'english%%' or d.dictname = 'simple')))
+"""
+RESOLVE_LANGUAGE: Final = "select kb._resolve_language(%(language)s)"

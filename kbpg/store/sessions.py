@@ -1,0 +1,241 @@
+"""Sessions on a knowledge base's database: the pool (or one connection), read replicas, the
+role a call runs as (Principal), kbpg's local timeouts, and cancelling a running statement."""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg
+from psycopg.pq import TransactionStatus
+from psycopg_pool import ConnectionPool, PoolTimeout
+
+from kbpg.config import Settings
+from kbpg.errors import (
+    Busy,
+    DatabaseUnavailable,
+    InvalidInput,
+    KbpgError,
+    QueryTimeout,
+    ReadOnlyDatabase,
+)
+from kbpg.store import db as kdb
+from kbpg.store import queries
+from kbpg.store.replicas import ReadReplicas
+
+Connection = psycopg.Connection[Any]
+log = logging.getLogger("kbpg")
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who a call runs as: a PostgreSQL role the connecting user may SET ROLE to (None: itself)."""
+
+    role: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.role is not None and (
+            not isinstance(self.role, str) or not self.role or "\x00" in self.role
+        ):
+            raise InvalidInput(f"not a role name: {self.role!r}")
+
+
+class Cancellation:
+    """Lets another thread stop the statement a call is running (an HTTP client that went away).
+
+    The call registers its connection with `watching(conn)`; `cancel()` sends PostgreSQL a
+    cancel request for whatever that connection runs (the statement ends with SQLSTATE 57014),
+    or makes the call stop before its statement starts.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self.cancelled = False
+
+    @contextmanager
+    def watching(self, conn: Connection) -> Iterator[Connection]:
+        with self._lock:
+            if self.cancelled:
+                raise QueryTimeout("the call was cancelled before its statement started")
+            self._conn = conn
+        try:
+            yield conn
+        finally:
+            with self._lock:
+                self._conn = None
+
+    def cancel(self) -> None:
+        with self._lock:
+            self.cancelled = True
+            if self._conn is not None:
+                self._conn.cancel_safe(timeout=5.0)
+
+
+class Database:
+    """The connections of one knowledge base: every database call runs in `session()` (or
+    `connection()` + `transaction()` for jobs that commit in batches), which applies the
+    caller's role and kbpg's timeouts. `pool_size=1` keeps one connection (a one-shot CLI);
+    larger sizes open a pool shared by threads. KBPG_READ_URL's replicas serve reads.
+    """
+
+    def __init__(self, settings: Settings, url: str | None = None, *, pool_size: int = 4) -> None:
+        self.settings = settings
+        self.url = url or kdb.resolve_url(settings)
+        self._lock = threading.Lock()
+        self._conn: Connection | None = None
+        self._pool: ConnectionPool | None = None
+        # KBPG_READ_URL replicates KBPG_DATABASE_URL, not a database given here (kbpg eval's)
+        self._replicas: ReadReplicas | None = None
+        if settings.read_urls and (url is None or url == settings.database_url):
+            self._replicas = ReadReplicas(settings.read_urls, pool_size=pool_size)
+        # Fails fast when the database is down (a pool would keep retrying until its timeout).
+        probe = kdb.connect(self.url, autocommit=True)
+        if pool_size <= 1:
+            self._conn = probe
+        else:
+            probe.close()
+            self._pool = kdb.create_pool(self.url, min_size=1, max_size=pool_size)
+
+    def _pool_for(self, write: bool) -> ConnectionPool | None:
+        """The pool a call draws from: the one place a read-replica pool plugs in."""
+        return self._pool
+
+    @contextmanager
+    def connection(
+        self, *, write: bool = False, timeout: float | None = None
+    ) -> Iterator[Connection]:
+        """A connection of the call's own, in autocommit; psycopg errors come out as KbpgError.
+
+        Most callers want `session()`. Jobs that commit in batches hold one connection and
+        open each batch with `transaction()`.
+        """
+        wait = self.settings.pool_timeout_s if timeout is None else timeout
+        if not write and self._replicas is not None:
+            with kdb.translate_errors(), self._replicas.connection() as replica:
+                if replica is not None:
+                    yield replica
+                    return
+            log.warning("no read replica can serve this call: reading from the primary")
+        with kdb.translate_errors(), self._checkout(self._pool_for(write), wait) as conn:
+            if write:
+                _require_primary(conn)
+            yield conn
+
+    @contextmanager
+    def _checkout(self, pool: ConnectionPool | None, wait: float) -> Iterator[Connection]:
+        if pool is None:
+            if not self._lock.acquire(timeout=wait):
+                raise Busy(
+                    f"the database connection stayed busy for {wait:g} s",
+                    hint="retry shortly (this knowledge base has one connection)",
+                )
+            try:
+                if self._conn is None or self._conn.closed:
+                    self._conn = kdb.connect(self.url, autocommit=True)
+                yield self._conn
+            finally:
+                _reset(self._conn)
+                self._lock.release()
+            return
+        try:
+            conn = pool.getconn(timeout=wait)
+        except PoolTimeout as exc:
+            raise _pool_timeout(pool, wait) from exc
+        try:
+            conn.autocommit = True  # transactions are explicit: see transaction()
+            yield conn
+        finally:
+            pool.putconn(conn)
+
+    @contextmanager
+    def transaction(
+        self, conn: Connection, principal: Principal | None = None, *, write: bool = False
+    ) -> Iterator[Connection]:
+        """A transaction on `conn` running as the principal's role, with kbpg's local timeouts."""
+        with conn.transaction():
+            role = principal.role if principal is not None else None
+            timeouts = self._timeouts(write)
+            if role is not None or timeouts:
+                conn.execute(queries.local_settings(role, timeouts))
+            yield conn
+
+    @contextmanager
+    def session(
+        self,
+        principal: Principal | None = None,
+        *,
+        write: bool = False,
+        timeout: float | None = None,
+    ) -> Iterator[Connection]:
+        """A connection inside one transaction, as `principal`, with local timeouts.
+
+        Committed when the block ends, rolled back when it raises. `write=True` marks calls
+        that modify the knowledge base (they go to the primary, with the write timeouts).
+        """
+        with (
+            self.connection(write=write, timeout=timeout) as conn,
+            self.transaction(conn, principal, write=write),
+        ):
+            yield conn
+
+    def _timeouts(self, write: bool) -> dict[str, int]:
+        """The local timeouts in ms; 0 leaves the server's (or role's) own setting."""
+        s = self.settings
+        timeouts = {
+            "statement_timeout": s.write_statement_timeout_ms if write else s.statement_timeout_ms,
+            "lock_timeout": s.lock_timeout_ms,
+            "idle_in_transaction_session_timeout": s.idle_in_transaction_timeout_ms,
+        }
+        return {name: value for name, value in timeouts.items() if value > 0}
+
+    def close(self) -> None:
+        if self._replicas is not None:
+            self._replicas.close()
+        if self._pool is not None:
+            self._pool.close()
+        if self._conn is not None:
+            self._conn.close()
+
+
+def _require_primary(conn: Connection) -> None:
+    """Writes stop before any work on a hot standby (one round trip per write connection)."""
+    row = conn.execute("select pg_catalog.pg_is_in_recovery()").fetchone()
+    if row is not None and row[0]:
+        raise ReadOnlyDatabase(
+            "this server is a read-only standby: write on the primary",
+            hint="point KBPG_DATABASE_URL at the primary (replicas belong in KBPG_READ_URL)",
+        )
+
+
+def _reset(conn: Connection | None) -> None:
+    """Leave the one connection idle for the next call, as a pool does on return: a
+    transaction a caller left open is rolled back, a connection mid-command is closed."""
+    if conn is None or conn.closed:
+        return
+    status = conn.info.transaction_status
+    try:
+        if status in (TransactionStatus.INTRANS, TransactionStatus.INERROR):
+            conn.rollback()
+        elif status != TransactionStatus.IDLE:
+            conn.close()
+    except psycopg.Error:
+        conn.close()
+
+
+def _pool_timeout(pool: ConnectionPool, wait: float) -> KbpgError:
+    """Busy when every connection exists and is in use; unreachable when the pool cannot grow."""
+    stats = pool.get_stats()
+    if stats.get("pool_size", 0) >= stats.get("pool_max", 1):
+        return Busy(
+            f"all {stats.get('pool_max')} database connections stayed busy for {wait:g} s",
+            hint="retry shortly, or give the server more connections (--pool-size)",
+        )
+    return DatabaseUnavailable(
+        f"cannot connect to PostgreSQL: no connection within {wait:g} s",
+        hint="check KBPG_DATABASE_URL and that the server is running",
+    )

@@ -1,0 +1,1 @@
+"""Writing a knowledge base: loaders, chunking, batching, contexts, the COPY encoding, ingest runs end to end."""

@@ -1,0 +1,1 @@
+"""The framework adapters against a real database."""

@@ -1,0 +1,1 @@
+"""The model clients: embedders and the HTTP model servers' wire formats."""

@@ -1,0 +1,193 @@
+"""HTTP per token (issue 11): each token of a tokens file runs as its database role, so row-level
+security decides what it sees; a body's `groups` narrows, never widens; KBPG_API_TOKEN still
+works; the file holds hashes only and is re-read when it changes."""
+
+from __future__ import annotations
+
+import subprocess
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import psycopg
+import pytest
+
+from kbpg.models.embedders import Embedder
+from kbpg.serve.tokens import hash_token, parse_tokens, token_line
+from tests.conftest import TEMPLATE_DB, create_database, drop_database
+from tests.helpers import KBPG, run_kbpg
+from tests.http_server import free_port, running_server
+from tests.search_kb import env_for, load_kb
+
+SEARCH = "/api/v1/kb/search"
+ADMIN_TOKEN = "admin-token-for-the-server-role"
+PUBLIC_TOKEN = "token-of-the-public-role"
+QUERY = {"query": "staff salary pay dates parking permit", "top": 20, "min_similarity": 0.0}
+STAFF_ONLY = "staff/payroll.md"
+
+
+@dataclass
+class Setup:
+    api: httpx.Client
+    url: str
+    roles: dict[str, str]
+    tokens_file: Path
+    staff_token: str
+
+
+@pytest.fixture(scope="module")
+def setup(
+    admin_url: str,
+    template_url: str,
+    embedder: Embedder,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> Iterator[Setup]:
+    """DOCS with access control on; roles `public` (group public) and `staff` (public, staff),
+    `outsider` (no kbpg_reader); a tokens file with a token per role; `kbpg serve` on it."""
+    name = f"kbpg_tokens_{uuid.uuid4().hex[:10]}"
+    url = create_database(admin_url, name, TEMPLATE_DB)
+    suffix = uuid.uuid4().hex[:8]
+    roles = {who: f"kbt_{who}_{suffix}" for who in ("public", "staff", "outsider")}
+    home = tmp_path_factory.mktemp("kbpg-tokens")
+    try:
+        load_kb(url, embedder)
+        with psycopg.connect(url, autocommit=True) as conn:
+            for role in roles.values():
+                conn.execute(f'create role "{role}" nologin')
+            row = conn.execute("select reader_role from kb.access_settings").fetchone()
+            assert row is not None and row[0]
+            conn.execute(f'grant "{row[0]}" to "{roles["public"]}", "{roles["staff"]}"')
+            # the access helper's SQL API, as a DBA would run it from psql
+            conn.execute("select kb.grant_groups(%s, array['public'])", (roles["public"],))
+            conn.execute("select kb.grant_groups(%s, array['public', 'staff'])", (roles["staff"],))
+            conn.execute("select kb.access_enable()")
+        tokens_file = home / "tokens"
+        tokens_file.write_text(
+            "# kbpg serve tokens: <sha256 hex> <role>\n"
+            + token_line(PUBLIC_TOKEN, roles["public"], "public web widget")
+            + "\n"
+            + token_line("outsider-token", roles["outsider"])
+            + "\n"
+        )
+        env = env_for(url, home)
+        made = run_kbpg("token", "new", roles["staff"], "--file", str(tokens_file), env=env)
+        assert made.returncode == 0, made.stderr
+        staff_token = made.stdout.strip()
+        assert staff_token.startswith("kbpg_") and len(staff_token) > 40
+        assert staff_token not in tokens_file.read_text()  # only its hash is stored
+        assert hash_token(staff_token) in tokens_file.read_text()
+        env = env_for(url, home, KBPG_API_TOKEN=ADMIN_TOKEN)
+        with running_server(env, home / "serve.log", "--tokens-file", str(tokens_file)) as api:
+            yield Setup(api, url, roles, tokens_file, staff_token)
+    finally:
+        drop_database(admin_url, name)
+        with psycopg.connect(admin_url, autocommit=True) as conn:
+            for role in roles.values():
+                conn.execute(f'drop role if exists "{role}"')
+
+
+def search(setup: Setup, token: str, **extra: object) -> httpx.Response:
+    headers = {"Authorization": f"Bearer {token}"}
+    return setup.api.post(SEARCH, json={**QUERY, **extra}, headers=headers)
+
+
+def sources(response: httpx.Response) -> set[str]:
+    assert response.status_code == 200, response.text
+    return {c["source"] for c in response.json()["chunks"]}
+
+
+ALL = {
+    "city/parking/permits.md",
+    "city/parking/fines.md",
+    "city/waste/collection.md",
+    "staff/payroll.md",
+    "city/library/cards.md",
+}
+
+
+def test_each_token_sees_exactly_its_groups(setup: Setup) -> None:
+    assert sources(search(setup, setup.staff_token)) == ALL
+    assert sources(search(setup, PUBLIC_TOKEN)) == ALL - {STAFF_ONLY}
+
+
+def test_groups_in_the_body_narrow_but_never_widen(setup: Setup) -> None:
+    widened = search(setup, PUBLIC_TOKEN, groups=["staff"])
+    assert widened.json() == {"context": "", "sources": [], "chunks": [], "stages": []}
+    assert sources(search(setup, PUBLIC_TOKEN, groups=["staff", "public"])) == ALL - {STAFF_ONLY}
+    assert sources(search(setup, setup.staff_token, groups=["staff"])) == {STAFF_ONLY}
+    assert STAFF_ONLY not in sources(search(setup, setup.staff_token, groups=["public"]))
+
+
+def test_the_single_api_token_keeps_working(setup: Setup) -> None:
+    # KBPG_API_TOKEN runs as the server's own login role (here the owner: sees everything)
+    assert sources(search(setup, ADMIN_TOKEN)) == ALL
+
+
+@pytest.mark.parametrize("token", ["wrong", PUBLIC_TOKEN + "x", hash_token(PUBLIC_TOKEN)])
+def test_unknown_tokens_are_refused(setup: Setup, token: str) -> None:
+    response = search(setup, token)
+    assert response.status_code == 401
+    assert response.json()["error"] == "Unauthorized"
+
+
+def test_a_role_without_search_rights_is_403_without_internals(setup: Setup) -> None:
+    response = search(setup, "outsider-token")
+    assert response.status_code == 403
+    assert response.json() == {
+        "error": "PermissionDenied",
+        "message": "this token may not search this knowledge base",
+        "hint": "ask the server's operator to grant the token's role kbpg_reader",
+    }
+
+
+def test_the_tokens_file_is_reread_when_it_changes(setup: Setup) -> None:
+    late = "a-token-added-while-serving"
+    original = setup.tokens_file.read_text()
+    try:
+        setup.tokens_file.write_text(original + token_line(late, setup.roles["public"]) + "\n")
+        assert sources(search(setup, late)) == ALL - {STAFF_ONLY}
+        # a revoked token (line removed) is refused on the next request
+        setup.tokens_file.write_text(original.replace(hash_token(PUBLIC_TOKEN), "0" * 64))
+        assert search(setup, PUBLIC_TOKEN).status_code == 401
+        # a broken file keeps the previous entries (and says so in the log)
+        setup.tokens_file.write_text("not a hash line\n")
+        assert search(setup, setup.staff_token).status_code == 200
+    finally:
+        setup.tokens_file.write_text(original)
+    assert sources(search(setup, PUBLIC_TOKEN)) == ALL - {STAFF_ONLY}
+
+
+def test_revoking_a_group_takes_effect_on_the_next_request(setup: Setup) -> None:
+    with psycopg.connect(setup.url, autocommit=True) as conn:
+        conn.execute("select kb.revoke_groups(%s, array['staff'])", (setup.roles["staff"],))
+        try:
+            assert sources(search(setup, setup.staff_token)) == ALL - {STAFF_ONLY}
+        finally:
+            conn.execute("select kb.grant_groups(%s, array['staff'])", (setup.roles["staff"],))
+    assert sources(search(setup, setup.staff_token)) == ALL
+
+
+def test_a_bad_tokens_file_stops_serve_naming_the_line(tmp_path: Path) -> None:
+    bad = tmp_path / "tokens"
+    bad.write_text(token_line("ok-token", "reader") + "\nsecret-token-in-clear reader\n")
+    proc = subprocess.run(
+        [KBPG, "serve", "--port", str(free_port()), "--tokens-file", str(bad)],
+        env=env_for("postgresql://unused@/none?host=/nonexistent", tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1
+    assert proc.stderr.startswith(f"Error: {bad}:2: the first field is not a sha256 hex digest")
+    assert "secret-token-in-clear" not in proc.stderr
+
+
+def test_token_hash_prints_the_line(tmp_path: Path) -> None:
+    proc = run_kbpg("token", "hash", "kb_reader", input="my-token\n", env=env_for("", tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == f"{hash_token('my-token')} kb_reader\n"
+    (entry,) = parse_tokens(proc.stdout, "stdin")
+    assert entry.principal.role == "kb_reader"

@@ -1,0 +1,259 @@
+"""Catalog checks on every kb.* function: security invoker, pinned search_path, honest volatility."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+
+from kbpg.store import db as kdb
+from tests.sqldata import vec
+
+FUNCTIONS_SQL = """
+select p.oid::regprocedure::text, p.prokind, p.provolatile, p.prosecdef, p.proparallel,
+       coalesce(p.proconfig, '{}'), p.prosrc, p.prorettype = 'pg_catalog.trigger'::regtype,
+       p.prosqlbody is not null
+  from pg_catalog.pg_proc p
+ where p.pronamespace = 'kb'::regnamespace
+ order by 1
+"""
+
+# The volatility each function must declare. Writers are volatile; readers of tables or
+# settings are stable; pure functions of their arguments are immutable.
+EXPECTED_VOLATILITY = {
+    "kb.tsvector_token_count(tsvector)": "i",
+    "kb.default_vector_layout(integer)": "i",
+    "kb._check_vector_layout(text,integer)": "i",
+    "kb._vector_index_definition(text,integer)": "i",
+    "kb.set_embedding_layout(text)": "v",
+    "kb.set_embedding_space(text,integer,text)": "v",
+    "kb.reset_embedding_space(text,integer,text)": "v",
+    "kb._check_query_embedding(vector)": "s",
+    "kb._chunk_filter_sql(text,text,text,text,text[],text,text[])": "i",
+    "kb._chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",
+    "kb._check_match_count(integer)": "i",
+    "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[])": "s",
+    "kb._tsquery_lexemes(text)": "i",
+    "kb._lexemes_tsquery(text[])": "i",
+    "kb._query_terms(text)": "s",
+    "kb._lexemes_all_tsquery(text[])": "i",
+    "kb._cjk_lexemes(text[])": "i",
+    "kb._cjk_exclusion(text[],boolean)": "s",
+    "kb._cjk_tsvector(text)": "i",
+    "kb._language_tsvector(text,text)": "s",
+    "kb.languages()": "s",
+    "kb._resolve_language(text)": "s",
+    "kb.text_tsvector(text,text)": "s",
+    "kb._language_change_begin(text)": "v",
+    "kb._check_language_change()": "s",
+    "kb._language_reanalyse(integer)": "v",
+    "kb._language_change_finish()": "v",
+    "kb.set_language(text)": "v",
+    "kb._bm25_score(tsvector,integer,text[],double precision[],double precision)": "i",
+    "kb._bm25_rank(text[],double precision[],double precision,tsquery,bigint[],integer,text[],"
+    "text,text[],boolean)": "s",
+    "kb._lexical_threshold(vector[],integer,integer,bigint,double precision,bigint,"
+    "double precision,bigint,bigint,double precision,bigint,integer,double precision,boolean)": "i",
+    "kb._lexical_candidates(integer[],bit varying[],vector[],integer,bigint,double precision)": "i",
+    "kb.search_lexical(text,integer,text[],text,text[])": "s",
+    "kb.refresh_lexical_index(boolean)": "v",
+    "kb.expand_graph(bigint[],integer,integer,double precision,text[],text,text[])": "s",
+    "kb.fuse_rrf(bigint[],bigint[],bigint[],integer,double precision,double precision,"
+    "double precision)": "i",
+    "kb.cap_per_document(bigint[],bigint[],integer)": "i",
+    "kb.search(text,vector,integer,text[],text,text[],double precision,integer,integer,integer,"
+    "double precision,double precision,double precision,boolean,boolean,integer,integer,"
+    "double precision,vector[],integer)": "s",
+}
+
+WRITES = re.compile(
+    r"\b(insert\s+into|update\s+kb\.|delete\s+from|truncate|alter\s+table|create\s+index"
+    r"|drop\s+index|lock\s+table)\b",
+    re.IGNORECASE,
+)
+
+
+@pytest.fixture
+def functions(conn: psycopg.Connection[Any]) -> list[tuple[Any, ...]]:
+    rows = conn.execute(FUNCTIONS_SQL).fetchall()
+    assert rows, "no kb functions: is the database migrated?"
+    return rows
+
+
+@pytest.fixture
+def kb_tables(conn: psycopg.Connection[Any]) -> list[str]:
+    return [
+        r[0]
+        for r in conn.execute(
+            "select relname from pg_catalog.pg_class"
+            " where relnamespace = 'kb'::regnamespace and relkind in ('r', 'p', 'v', 'm')"
+        )
+    ]
+
+
+# What a kb function may resolve unqualified names through: nothing others can write.
+# `kb` only in the frozen trigger functions of revisions 0001-0002 (they name kb tables bare).
+PINNED_SCHEMAS = {"pg_catalog", "pg_temp", "kb"}
+
+
+def test_every_function_is_security_invoker_with_pinned_search_path(functions):
+    for name, _kind, _vol, secdef, _par, config, _src, _trigger, sqlbody in functions:
+        assert not secdef, f"{name} is SECURITY DEFINER"
+        paths = [c for c in config if c.startswith("search_path=")]
+        if not config and sqlbody:
+            # A SQL-standard body is bound when created (under pg_catalog, pg_temp: kbpg.db
+            # applies the files so) and looks nothing up when it runs; any SET clause would stop
+            # PostgreSQL from inlining these per-row helpers.
+            continue
+        assert paths, f"{name} has no pinned search_path"
+        schemas = [s.strip() for s in paths[0].split("=", 1)[1].split(",")]
+        assert schemas[0] == "pg_catalog", name
+        assert set(schemas) <= PINNED_SCHEMAS, f"{name}: search_path {schemas}"
+
+
+def test_sql_file_functions_pin_only_pg_catalog_and_pg_temp(functions):
+    frozen = {
+        "tsvector_token_count",
+        "chunks_stats_after_insert",
+        "chunks_stats_after_delete",
+        "chunks_stats_after_update",
+        "chunks_lexical_after_update",
+        "chunks_lexical_after_delete",
+    }
+    for name, _kind, _vol, _sec, _par, config, _src, _trigger, sqlbody in functions:
+        if name.split("(")[0].removeprefix("kb.") in frozen or (sqlbody and not config):
+            continue
+        assert "search_path=pg_catalog, pg_temp" in config, f"{name}: {config}"
+
+
+@pytest.fixture
+def planter(admin_url: str, db_url: str) -> Iterator[str]:
+    """A role with CREATE on public (the default of databases from PostgreSQL <= 14)."""
+    role = f"kbpg_t_planter_{uuid.uuid4().hex[:8]}"
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"create role {role} nologin")
+    yield role
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(f"drop owned by {role}")
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f"drop role if exists {role}")
+
+
+# Exact-type overloads beat pg_catalog's polymorphic cardinality(anyarray) wherever `public`
+# is on the path; each records that it ran.
+PLANTED = """
+create function public.cardinality(a {type}) returns integer language sql volatile
+as $$ select pg_catalog.length(pg_catalog.set_config('kbpg_test.planted', 'ran', false)) * 0
+             + pg_catalog.cardinality(a::anyarray) $$
+"""
+
+
+def test_a_function_planted_in_public_is_never_called(db_url: str, planter: str) -> None:
+    with kdb.connect(db_url) as conn:
+        conn.execute(f"grant create on schema public to {planter}")
+        conn.execute(f"set role {planter}")
+        for type_ in ("bigint[]", "text[]", "integer[]"):
+            conn.execute(PLANTED.format(type=type_))
+        conn.execute("reset role")
+        conn.execute("select kb.set_embedding_space('planted-model', 3)")
+        doc = conn.execute(
+            "insert into kb.documents (source, content_hash, groups) values ('p', 'h', '{team}')"
+            " returning id"
+        ).fetchone()[0]
+        chunks = [
+            conn.execute(
+                "insert into kb.chunks (document_id, ordinal, content, groups, embedding)"
+                " values (%s, %s, %s, '{team}', %s::vector) returning id",
+                (doc, i, text, vec(v)),
+            ).fetchone()[0]
+            for i, (text, v) in enumerate(
+                [
+                    ("renew parking permit", [1, 0, 0]),
+                    ("permit office", [0.9, 0.1, 0]),
+                    ("bicycle storage", [0, 1, 0]),
+                ]
+            )
+        ]
+        conn.execute(
+            "insert into kb.edges values (%s, %s, 'link', 0.9), (%s, %s, 'link', 0.8)",
+            (chunks[0], chunks[2], chunks[1], chunks[2]),
+        )
+        conn.execute("select kb.refresh_lexical_index()")
+        conn.commit()
+
+        conn.execute("set search_path = public, pg_catalog")
+        conn.execute("select cardinality('{1,2}'::bigint[])")  # the trap is live
+        assert conn.execute("select current_setting('kbpg_test.planted')").fetchone() == ("ran",)
+        conn.execute("set kbpg_test.planted = ''")
+        conn.execute("set kb.lexical_exhaustive_limit = 0")  # through the impact cache too
+        emb = vec([1, 0, 0])
+        calls = [
+            (
+                "select * from kb.search('renew permit', %s::vector, use_graph => true,"
+                " groups => '{team}', labels => '{}')",
+                (emb,),
+            ),
+            ("select * from kb.search('permit -bicycle', use_graph => true)", None),
+            ("select * from kb.search_vector(%s::vector, 5, groups => '{team}')", (emb,)),
+            ("select * from kb.search_lexical('renew permit storage', 5)", None),
+            ("select * from kb.search_lexical('permit', 5, groups => '{team}')", None),
+            (
+                "select * from kb.expand_graph(%s::bigint[], 3, 10, 0.1, groups => '{team}')",
+                ([chunks[0]],),
+            ),
+            ("select * from kb.fuse_rrf('{1,2}', '{2,3}', '{3}')", None),
+            ("select * from kb.cap_per_document('{1,2}', '{1,1}', 1)", None),
+        ]
+        for sql, params in calls:
+            assert conn.execute(sql, params).fetchall(), sql
+            assert conn.execute("select current_setting('kbpg_test.planted')").fetchone() == (
+                "",
+            ), f"a function planted in public ran inside: {sql}"
+
+
+def test_known_functions_declare_the_expected_volatility(functions):
+    declared = {row[0]: row[2] for row in functions}
+    for name, volatility in EXPECTED_VOLATILITY.items():
+        assert name in declared, f"{name} is missing"
+        assert declared[name] == volatility, f"{name}: {declared[name]} != {volatility}"
+
+
+def test_volatility_is_honest(functions, kb_tables):
+    """Writers are volatile; immutable functions read no kb table; parallel safe ones are pure."""
+    table_ref = re.compile(r"\bkb\.(" + "|".join(map(re.escape, kb_tables)) + r")\b")
+    for name, _kind, volatility, _sec, parallel, _config, source, is_trigger, _body in functions:
+        if is_trigger:
+            assert volatility == "v", f"trigger function {name} must be volatile"
+            continue
+        if WRITES.search(source or ""):
+            assert volatility == "v", f"{name} writes but is declared {volatility}"
+        if volatility == "i":
+            assert not table_ref.search(source or ""), f"{name} reads tables but is immutable"
+            assert "current_setting" not in (source or ""), f"{name} reads settings"
+        if parallel == "s":
+            assert volatility != "v", f"{name} is volatile yet parallel safe"
+            assert "set_config" not in (source or ""), f"{name} sets GUCs yet is parallel safe"
+
+
+def test_search_functions_set_the_pgvector_knobs(functions):
+    config = {row[0]: row[5] for row in functions}
+    vector_arm = config[
+        "kb._search_vector(vector,integer,text[],text,text[],double precision,vector[],boolean)"
+    ]
+    assert "hnsw.iterative_scan=relaxed_order" in vector_arm
+    assert any(c.startswith("hnsw.ef_search=") for c in vector_arm)
+
+
+def test_every_sql_function_has_a_comment(conn):
+    missing = conn.execute(
+        "select p.oid::regprocedure::text from pg_catalog.pg_proc p"
+        " where p.pronamespace = 'kb'::regnamespace"
+        "   and p.prorettype <> 'pg_catalog.trigger'::regtype"
+        "   and p.proname <> 'tsvector_token_count'"
+        "   and pg_catalog.obj_description(p.oid, 'pg_proc') is null"
+    ).fetchall()
+    assert missing == []

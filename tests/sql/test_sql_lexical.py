@@ -1,0 +1,490 @@
+"""kb.search_lexical: exact Okapi BM25 over tsvector lexemes, on hand-built corpora."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import defaultdict
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.sqldata import add_chunk, add_doc, function_calls, ids
+
+K1, B = 1.2, 0.75
+
+
+def bm25(tf: int, dl: int, avgdl: float, df: int, n: int) -> float:
+    idf = math.log(1 + (n - df + 0.5) / (df + 0.5))
+    return idf * tf / (tf + K1 * (1 - B + B * dl / avgdl))
+
+
+def lexical(conn: psycopg.Connection[Any], query: str, k: int = 10, **filters: Any) -> list[Any]:
+    args = ", ".join(f"{name} => %({name})s" for name in filters)
+    sql = "select rank, chunk_id, document_id, score from kb.search_lexical(%(q)s, %(k)s"
+    sql += (", " + args if args else "") + ")"
+    return conn.execute(sql, {"q": query, "k": k, **filters}).fetchall()
+
+
+def force_cache_path(conn: psycopg.Connection[Any], on: bool) -> None:
+    """0: every query goes through the impact cache; a huge limit: always exhaustive."""
+    set_exhaustive_limit(conn, 0 if on else 1_000_000_000)
+
+
+def set_exhaustive_limit(conn: psycopg.Connection[Any], limit: int) -> None:
+    """Below this many postings (or filtered chunks) the arm scores from the tsvector."""
+    conn.execute("select set_config('kb.lexical_exhaustive_limit', %s, true)", (str(limit),))
+
+
+def set_mask_limit(conn: psycopg.Connection[Any], limit: int | None) -> None:
+    """Below this many filtered chunks the cache's block sums are masked to them (None: the
+    default, 5% of the chunks or 20,000; 0: never)."""
+    value = "" if limit is None else str(limit)
+    conn.execute("select set_config('kb.lexical_mask_limit', %s, true)", (value,))
+
+
+@pytest.fixture
+def fruit(conn: psycopg.Connection[Any]) -> dict[str, int]:
+    doc1 = add_doc(conn, "fruit-1")
+    doc2 = add_doc(conn, "fruit-2")
+    return {
+        "c1": add_chunk(conn, doc1, "apple banana apple"),  # appl:2 banana:1, dl 3
+        "c2": add_chunk(conn, doc1, "banana cherry"),  # dl 2
+        "c3": add_chunk(conn, doc2, "cherry date elderberry fig"),  # dl 4
+        "c4": add_chunk(conn, doc2, "grape"),  # dl 1
+    }
+
+
+@pytest.mark.parametrize("cached", [False, True])
+def test_bm25_scores_equal_hand_computation(conn, fruit, cached):
+    if cached:
+        conn.execute("select kb.refresh_lexical_index()")
+    force_cache_path(conn, cached)
+    n, avgdl = 4, 10 / 4
+    rows = lexical(conn, "apple cherry")
+    expected = sorted(
+        [
+            (fruit["c1"], bm25(2, 3, avgdl, 1, n)),
+            (fruit["c2"], bm25(1, 2, avgdl, 2, n)),
+            (fruit["c3"], bm25(1, 4, avgdl, 2, n)),
+        ],
+        key=lambda x: -x[1],
+    )
+    assert ids(rows) == [cid for cid, _ in expected]
+    assert [r[0] for r in rows] == [1, 2, 3]
+    for row, (_, score) in zip(rows, expected, strict=True):
+        assert row[3] == pytest.approx(score, abs=1e-9)
+
+
+def test_or_semantics_and_unknown_terms(conn, fruit):
+    # "kiwi" occurs nowhere and "the" is a stopword: the question still matches
+    rows = lexical(conn, "what is the best kiwi or grape")
+    assert ids(rows) == [fruit["c4"]]
+    assert rows[0][3] == pytest.approx(bm25(1, 1, 2.5, 1, 4), abs=1e-9)
+
+
+def test_negated_term_excludes(conn, fruit):
+    assert ids(lexical(conn, "banana")) == [fruit["c2"], fruit["c1"]]
+    assert ids(lexical(conn, "banana -cherry")) == [fruit["c1"]]
+
+
+def test_section_and_body_occurrences_both_count(conn):
+    doc = add_doc(conn, "sections")
+    titled = add_chunk(conn, doc, "apple pie", section="Apple")  # appl tf 2, dl 3
+    plain = add_chunk(conn, doc, "apple crumble pie")  # appl tf 1, dl 3
+    rows = lexical(conn, "apple")
+    assert ids(rows) == [titled, plain]
+    assert rows[0][3] == pytest.approx(bm25(2, 3, 3.0, 2, 2), abs=1e-9)
+
+
+def test_empty_and_stopword_queries_return_nothing(conn, fruit):
+    assert lexical(conn, "") == []
+    assert lexical(conn, "   ") == []
+    assert lexical(conn, "the and of") == []
+
+
+def test_filters_apply(conn):
+    public = add_doc(conn, "public", groups=["staff", "all"], category="faq", labels=["en"])
+    private = add_doc(conn, "private", groups=["hr"], category="policy", labels=["en", "internal"])
+    a = add_chunk(conn, public, "holiday allowance")
+    b = add_chunk(conn, private, "holiday holiday allowance")
+    assert ids(lexical(conn, "holiday")) == [b, a]
+    assert ids(lexical(conn, "holiday", groups=["all", "x"])) == [a]
+    assert ids(lexical(conn, "holiday", groups=["hr"])) == [b]
+    assert ids(lexical(conn, "holiday", groups=[])) == [b, a]
+    assert ids(lexical(conn, "holiday", category="faq")) == [a]
+    assert ids(lexical(conn, "holiday", labels=["en"])) == [b, a]
+    assert ids(lexical(conn, "holiday", labels=["en", "internal"])) == [b]
+    assert ids(lexical(conn, "holiday", groups=["staff"], category="policy")) == []
+
+
+# -- the impact cache must never change a result ----------------------------------------------
+
+SYLLABLES = ["ka", "lo", "mi", "ru", "te", "so", "van", "dre", "pul", "nix", "bor", "gel"]
+
+
+def zipf_vocabulary(size: int, rng: random.Random) -> list[str]:
+    words: set[str] = set()
+    while len(words) < size:
+        words.add("".join(rng.choice(SYLLABLES) for _ in range(rng.randint(2, 3))))
+    return sorted(words)
+
+
+def random_text(
+    vocab: list[str], weights: list[float], rng: random.Random, lo: int, hi: int
+) -> str:
+    return " ".join(rng.choices(vocab, weights=weights, k=rng.randint(lo, hi)))
+
+
+def reference_top(
+    conn: psycopg.Connection[Any], query: str, k: int, groups: list[str] | None = None
+) -> list[tuple[int, float]]:
+    """BM25 computed in Python from the stored tsvectors (no kbpg SQL involved)."""
+
+    def lexemes(tsquery_sql: str) -> set[str]:
+        sql = (
+            f"select distinct l from regexp_matches({tsquery_sql}, '''([^'']+)''', 'g') m(x),"
+            " unnest(m.x) l"
+        )
+        return {r[0] for r in conn.execute(sql, (query,))}
+
+    terms = lexemes("querytree(websearch_to_tsquery('english', %s))")
+    excluded = lexemes("websearch_to_tsquery('english', %s)::text") - terms
+    banned = {
+        r[0]
+        for r in conn.execute(
+            "select c.id from kb.chunks c, unnest(c.tsv) u where u.lexeme = any(%s)",
+            (sorted(excluded),),
+        )
+    }
+    chunk_rows = conn.execute(
+        "select c.id, c.groups, u.lexeme, array_length(u.positions, 1)"
+        " from kb.chunks c, unnest(c.tsv) u"
+    ).fetchall()
+    lengths: dict[int, int] = defaultdict(int)
+    tfs: dict[int, dict[str, int]] = defaultdict(dict)
+    chunk_groups: dict[int, list[str]] = {}
+    for cid, grp, lexeme, tf in chunk_rows:
+        lengths[cid] += tf
+        chunk_groups[cid] = grp
+        if lexeme in terms:
+            tfs[cid][lexeme] = tf
+    n = len(lengths)
+    avgdl = sum(lengths.values()) / n
+    df: dict[str, int] = defaultdict(int)
+    for per in tfs.values():
+        for lexeme in per:
+            df[lexeme] += 1
+    scores = [
+        (cid, sum(bm25(tf, lengths[cid], avgdl, df[t], n) for t, tf in per.items()))
+        for cid, per in tfs.items()
+        if cid not in banned and (groups is None or set(groups) & set(chunk_groups[cid]))
+    ]
+    scores.sort(key=lambda x: (-x[1], x[0]))
+    return scores[:k]
+
+
+def assert_matches_reference(
+    conn: psycopg.Connection[Any], queries: list[str], k: int = 10, **filters: Any
+) -> None:
+    for query in queries:
+        expected = reference_top(conn, query, k, filters.get("groups"))
+        # 0: the cache (with filters: its block sums masked to the filtered chunks, or, mask
+        # limit 0, unmasked in rounds sized by survival); 1000: with a filter keeping at most
+        # 750 chunks, the filtered rows scored directly; huge: exhaustive from GIN
+        for limit, mask in ((0, None), (0, 0), (1000, None), (1_000_000_000, None)):
+            set_exhaustive_limit(conn, limit)
+            set_mask_limit(conn, mask)
+            runs = [lexical(conn, query, k, **filters)]
+            if "groups" in filters:
+                # as kb.search calls it: the filtered chunks' ids already read (by the vector
+                # arm's exact path), so the mask is built from them
+                runs.append(lexical_given_filtered_ids(conn, query, k, filters["groups"]))
+            for rows in runs:
+                assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, limit, mask)
+                for row, (_, score) in zip(rows, expected, strict=True):
+                    assert row[3] == pytest.approx(score, abs=1e-9)
+
+
+def lexical_given_filtered_ids(
+    conn: psycopg.Connection[Any], query: str, k: int, groups: list[str]
+) -> list[Any]:
+    return conn.execute(
+        "select rank, chunk_id, document_id, score from kb._search_lexical(%(q)s, %(k)s, %(g)s,"
+        " null, null, (select array_agg(c.id) from kb.chunks c where c.groups && %(g)s))",
+        {"q": query, "k": k, "g": groups},
+    ).fetchall()
+
+
+def rescoring_rounds(
+    conn: psycopg.Connection[Any], query: str, given_ids: bool = False, **filters: Any
+) -> int:
+    """How many times one filtered search rescored candidates (calls of kb._bm25_rank);
+    given_ids: called as kb.search calls it, with the filtered chunks' ids."""
+    before = function_calls(conn, "_bm25_rank")
+    if given_ids:
+        lexical_given_filtered_ids(conn, query, 10, filters["groups"])
+    else:
+        lexical(conn, query, 10, **filters)
+    return function_calls(conn, "_bm25_rank") - before
+
+
+def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
+    rng = random.Random(7)
+    vocab = zipf_vocabulary(400, rng)
+    weights = [1 / (r + 1) for r in range(len(vocab))]
+    # "few": 3 documents in 60, spread over the id range (as one team's in a shared database)
+    docs = [
+        add_doc(conn, f"z{i}", groups=["even" if i % 2 == 0 else "odd", *(["few"] * (i % 20 == 1))])
+        for i in range(60)
+    ]
+    for i in range(1500):
+        add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 8, 40))
+    # several blocks, so the block arithmetic and id mapping are exercised
+    conn.execute("update kb.lexical_state set block_size = 250")
+    conn.execute("select kb.refresh_lexical_index()")
+    blocks = conn.execute("select count(distinct block_no) from kb.lexical_blocks").fetchone()
+    assert blocks is not None and blocks[0] >= 6
+    frequent, middle, rare = vocab[0], vocab[30], vocab[300]
+    queries = [
+        frequent,
+        f"{frequent} {vocab[1]}",
+        f"{frequent} {middle} {rare}",
+        f"{vocab[2]} {vocab[3]} {vocab[4]} {vocab[5]}",
+        f"{middle} -{frequent}",
+    ]
+    assert_matches_reference(conn, queries)
+    assert_matches_reference(conn, queries[:3], groups=["odd"])
+    assert_matches_reference(conn, queries[:3], groups=["few"])
+    # the mask lets the cache serve a 5% filter in one round of rescoring; unmasked, 19 in 20
+    # cached candidates fail the filter and the rounds repeat
+    set_exhaustive_limit(conn, 0)
+    set_mask_limit(conn, None)
+    assert rescoring_rounds(conn, queries[0], groups=["few"]) == 1
+    assert rescoring_rounds(conn, queries[0], given_ids=True, groups=["few"]) == 1
+    set_mask_limit(conn, 0)
+    assert rescoring_rounds(conn, queries[0], groups=["few"]) > 1
+    assert rescoring_rounds(conn, queries[0], given_ids=True, groups=["few"]) > 1
+
+    # new chunks above the watermark, an updated chunk, deletions, and avgdl drifting > 5%
+    for i in range(200):
+        add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 60, 120))
+    # a chunk the deletion below keeps (min(id) + 5 was a multiple of 7 on some sequence states)
+    victim = conn.execute(
+        "select min(id) from kb.chunks where id % 7 <> 0"
+        " and id >= (select min(id) + 5 from kb.chunks)"
+    ).fetchone()
+    assert victim is not None
+    conn.execute(
+        "update kb.chunks set content = %s where id = %s", (" ".join([rare] * 12), victim[0])
+    )
+    conn.execute("delete from kb.chunks where id % 7 = 0")
+    pending = conn.execute("select count(*) from kb.lexical_pending").fetchone()
+    assert pending == (1,)
+    assert_matches_reference(conn, [*queries, rare])
+    top = lexical(conn, rare, 1)
+    assert top[0][1] == victim[0]
+
+    conn.execute("select kb.refresh_lexical_index()")
+    assert conn.execute("select count(*) from kb.lexical_pending").fetchone() == (0,)
+    assert_matches_reference(conn, [*queries, rare])
+
+
+def test_refresh_is_incremental_below_drift(conn):
+    doc = add_doc(conn, "inc")
+    for i in range(30):
+        add_chunk(conn, doc, f"alpha beta gamma {i}")
+    conn.execute("update kb.lexical_state set block_size = 10")
+    full = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
+    assert full is not None and full[0] >= 3
+    add_chunk(conn, doc, "alpha beta gamma extra")
+    incremental = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
+    assert incremental is not None
+    assert incremental[0] in (1, 2)  # only the block(s) holding the new chunk
+    assert incremental[3] == full[3]  # impacts keep the avgdl they were computed with
+    rebuilt = conn.execute(
+        "select * from kb.refresh_lexical_index(full_rebuild => true)"
+    ).fetchone()
+    assert rebuilt is not None and rebuilt[0] >= 4
+
+
+def zipf_corpus(
+    conn: psycopg.Connection[Any], prefix: str, chunks: int, rng: random.Random, reverse: bool
+) -> list[str]:
+    """`chunks` chunks over 10 documents from a 300-word vocabulary drawn with Zipf weights
+    (reverse: the rare words become the frequent ones); the vocabulary, most frequent first."""
+    vocab = zipf_vocabulary(300, random.Random(3))
+    weights = [1 / (r + 1) for r in range(len(vocab))]
+    if reverse:
+        vocab = vocab[::-1]
+    docs = [add_doc(conn, f"{prefix}{i}") for i in range(10)]
+    for i in range(chunks):
+        add_chunk(conn, docs[i % 10], random_text(vocab, weights, rng, 8, 40))
+    return vocab
+
+
+def bm25_statistics(conn: psycopg.Connection[Any]) -> tuple[Any, dict[str, int]]:
+    corpus = conn.execute("select chunk_count, total_tokens from kb.corpus_stats").fetchone()
+    lexemes = dict(conn.execute("select lexeme, doc_freq from kb.lexeme_stats").fetchall())
+    return corpus, lexemes
+
+
+def counted_statistics(conn: psycopg.Connection[Any]) -> tuple[Any, dict[str, int]]:
+    """What kb.corpus_stats and kb.lexeme_stats should hold, counted from the chunks."""
+    rows = conn.execute("select token_count, tsvector_to_array(tsv) from kb.chunks").fetchall()
+    doc_freq: dict[str, int] = defaultdict(int)
+    for _, lexemes in rows:
+        for lexeme in lexemes:
+            doc_freq[lexeme] += 1
+    return (len(rows), sum(t for t, _ in rows)), dict(doc_freq)
+
+
+def test_the_cache_serves_a_knowledge_base_whose_ids_grew_by_reingests(conn):
+    """Each re-ingest of a changed document gives its chunks new ids: after long use the ids
+    span far more blocks than hold chunks. Whether the cache or exact scoring from the tsvector
+    serves a query depends on the blocks the cache holds (here 3 or 4), not on the id range."""
+    conn.execute(
+        "select setval('kb.chunks_id_seq', (select coalesce(max(id), 1) from kb.chunks) + 500000)"
+    )
+    vocab = zipf_corpus(conn, "churn", 600, random.Random(13), reverse=False)
+    conn.execute("update kb.lexical_state set block_size = 200")
+    conn.execute("select kb.refresh_lexical_index()")
+    # the exhaustive path (and the rescoring under filters) calls kb._bm25_rank, the cache
+    # path without filters does not
+    before = function_calls(conn, "_bm25_rank")
+    rows = lexical(conn, vocab[0], 10)  # in ~97% of the chunks
+    assert function_calls(conn, "_bm25_rank") == before  # summed from the cache
+    assert [r[1] for r in rows] == [cid for cid, _ in reference_top(conn, vocab[0], 10)]
+
+
+def lexeme(conn: psycopg.Connection[Any], word: str) -> str:
+    row = conn.execute("select tsvector_to_array(to_tsvector('english', %s))", (word,)).fetchone()
+    assert row is not None and len(row[0]) == 1
+    return str(row[0][0])
+
+
+def test_truncate_resets_the_statistics_and_the_cache(conn):
+    rng = random.Random(11)
+    zipf_corpus(conn, "old", 800, rng, reverse=False)
+    conn.execute("update kb.lexical_state set block_size = 100")
+    conn.execute("select kb.refresh_lexical_index()")
+    conn.execute("truncate kb.documents, kb.chunks restart identity cascade")
+    assert bm25_statistics(conn) == ((0, 0), {})
+    state = conn.execute(
+        "select watermark, (select count(*) from kb.lexical_blocks) from kb.lexical_state"
+    ).fetchone()
+    assert state == (0, 0)
+    # the new chunks take ids 1.. again, which the old cache covered, with other frequent words
+    vocab = zipf_corpus(conn, "new", 400, rng, reverse=True)
+    assert conn.execute("select min(id) from kb.chunks").fetchone() == (1,)
+    assert bm25_statistics(conn) == counted_statistics(conn)
+    queries = [vocab[0], f"{vocab[1]} {vocab[2]}", f"{vocab[0]} {vocab[150]} {vocab[-3]}"]
+    assert_matches_reference(conn, queries)
+    conn.execute("select kb.refresh_lexical_index()")
+    assert_matches_reference(conn, queries)
+
+
+def test_recount_repairs_what_the_triggers_did_not_see(conn):
+    rng = random.Random(12)
+    vocab = zipf_corpus(conn, "r", 600, rng, reverse=False)
+    conn.execute("update kb.lexical_state set block_size = 100")
+    conn.execute("select kb.refresh_lexical_index()")
+    # the most frequent word, which the cache serves (a rare one is read from GIN: always exact)
+    frequent = vocab[0]
+    # a chunk's text changed with kb's triggers off (a restore, a logical replica): the cache
+    # does not know, and the search misses the chunk
+    victim = conn.execute(
+        "select min(id) from kb.chunks where not tsv @@ to_tsquery('english', %s)", (frequent,)
+    ).fetchone()
+    assert victim is not None and victim[0] is not None
+    conn.execute("alter table kb.chunks disable trigger chunks_stats_update")
+    conn.execute("alter table kb.chunks disable trigger chunks_lexical_update")
+    conn.execute(
+        "update kb.chunks set content = %s where id = %s", (" ".join([frequent] * 12), victim[0])
+    )
+    conn.execute("alter table kb.chunks enable trigger chunks_stats_update")
+    conn.execute("alter table kb.chunks enable trigger chunks_lexical_update")
+    force_cache_path(conn, True)
+    assert lexical(conn, frequent, 1)[0][1] != victim[0]  # its new text is not in the cache
+    # and the statistics off in every way: counts, a lexeme missing, three miscounted, one left
+    # behind
+    missing, *miscounted = (lexeme(conn, word) for word in vocab[5:2:-1] + vocab[:1])
+    conn.execute("update kb.corpus_stats set chunk_count = chunk_count + 500")
+    conn.execute("delete from kb.lexeme_stats where lexeme = %s", (missing,))
+    conn.execute(
+        "update kb.lexeme_stats set doc_freq = doc_freq + 7 where lexeme = any(%s)", (miscounted,)
+    )
+    conn.execute("insert into kb.lexeme_stats values ('zzzgone', 5)")
+    truth = counted_statistics(conn)
+    damaged = bm25_statistics(conn)
+    wrong = {w for w in truth[1].keys() | damaged[1].keys() if truth[1].get(w) != damaged[1].get(w)}
+    assert {missing, *miscounted, "zzzgone", lexeme(conn, frequent)} <= wrong
+
+    row = conn.execute("select * from kb.recount_bm25_statistics()").fetchone()
+    assert row is not None
+    assert row[:4] == (*truth[0], len(truth[1]), len(wrong))
+    assert row[4] >= 6  # every block rebuilt
+    assert bm25_statistics(conn) == truth
+    assert_matches_reference(conn, [frequent, vocab[-1], f"{vocab[1]} {vocab[5]} {vocab[40]}"])
+    force_cache_path(conn, True)
+    assert lexical(conn, frequent, 1)[0][1] == victim[0]
+    # a second recount finds nothing to correct
+    again = conn.execute("select lexemes_corrected from kb.recount_bm25_statistics()").fetchone()
+    assert again == (0,)
+
+
+# What revision 0008's generated columns computed; revision 0009's trigger must agree.
+TEXT_0008 = (
+    "setweight(to_tsvector('english', section), 'A')"
+    " || setweight(to_tsvector('english', content), 'B')"
+    " || setweight(to_tsvector('english', coalesce(context, '')), 'C')"
+)
+
+
+def text_search_columns(conn: psycopg.Connection[Any], chunk: int) -> tuple[Any, ...]:
+    row = conn.execute(
+        f"select tsv::text, token_count, ({TEXT_0008})::text,"
+        f" kb.tsvector_token_count({TEXT_0008}) from kb.chunks where id = %s",
+        (chunk,),
+    ).fetchone()
+    assert row is not None
+    return tuple(row)
+
+
+def test_tsvector_and_token_count_follow_the_text(conn: psycopg.Connection[Any]) -> None:
+    doc = add_doc(conn, "text-search")
+    chunk = add_chunk(conn, doc, "Renewing a parking permit: the permits office", section="Permits")
+    tsv, count, expected_tsv, expected_count = text_search_columns(conn, chunk)
+    assert (
+        (tsv, count)
+        == (expected_tsv, expected_count)
+        == (
+            "'offic':8B 'park':4B 'permit':1A,5B,7B 'renew':2B",
+            6,
+        )
+    )
+    conn.execute("update kb.chunks set context = 'Council fees page.' where id = %s", (chunk,))
+    tsv, count, expected_tsv, expected_count = text_search_columns(conn, chunk)
+    assert (tsv, count) == (expected_tsv, expected_count) and "'council':9C" in tsv
+    # a new embedding leaves the text search columns alone; values written to them are replaced
+    conn.execute(
+        "update kb.chunks set embedding = null, tsv = 'forged', token_count = 99 where id = %s",
+        (chunk,),
+    )
+    assert text_search_columns(conn, chunk)[:2] == (expected_tsv, expected_count)
+    conn.execute("update kb.chunks set labels = '{x}' where id = %s", (chunk,))
+    assert text_search_columns(conn, chunk)[:2] == (expected_tsv, expected_count)
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            "copy kb.chunks (document_id, ordinal, content, tsv, token_count) from stdin"
+        ) as copy,
+    ):
+        copy.write_row((doc, 1, "Bins are collected weekly", "'forged'", 1))
+    copied = conn.execute(
+        "select id from kb.chunks where ordinal = 1 and document_id = %s", (doc,)
+    ).fetchone()
+    assert copied is not None
+    tsv, count, expected_tsv, expected_count = text_search_columns(conn, copied[0])
+    assert (tsv, count) == (expected_tsv, expected_count) == ("'bin':1B 'collect':3B 'week':4B", 3)

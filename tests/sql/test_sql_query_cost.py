@@ -1,0 +1,198 @@
+"""The documented bound on what one query may cost: query text, scored and excluded lexemes,
+graph walks linear in what they read (issue 14). Timing lives in benchmarks/bench_query_cost.py."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import psycopg
+import pytest
+
+from tests.sqldata import add_chunk, add_doc, add_edge, ids, raises_sqlstate
+
+
+def distinct_words(n: int, rng: random.Random) -> list[str]:
+    """n distinct made-up words that the english stemmer keeps distinct."""
+    letters = "bcdfghjklmnpqrstvwxz"
+    words: set[str] = set()
+    while len(words) < n:
+        words.add("q" + "".join(rng.choice(letters) for _ in range(7)))
+    return sorted(words)
+
+
+def test_a_64_kb_query_of_distinct_words_is_parsed_once(conn):
+    words = distinct_words(7300, random.Random(1))
+    text = " ".join(words)
+    assert 64_000 <= len(text) <= 66_000
+    row = conn.execute("select terms, excluded from kb._query_terms(%s)", (text,)).fetchone()
+    assert row is not None and len(row[0]) == len(words) and row[1] == []
+    doc = add_doc(conn, "cost")
+    hit = add_chunk(conn, doc, f"{words[10]} {words[20]} and some ordinary text")
+    add_chunk(conn, doc, "ordinary text only")
+    # through every arm's entry point: the words the corpus lacks cost nothing more
+    assert ids(conn.execute("select * from kb.search_lexical(%s, 5)", (text,)).fetchall()) == [hit]
+    rows = conn.execute("select chunk_id from kb.search(%s)", (text,)).fetchall()
+    assert rows == [(hit,)]
+
+
+def test_query_text_over_the_limit_is_kb003_with_a_hint(conn):
+    text = "permit " * 14_286  # 100,002 characters
+    for sql in (
+        "select * from kb.search_lexical(%s)",
+        "select * from kb._query_terms(%s)",
+    ):
+        with raises_sqlstate(conn, "KB003") as info:
+            conn.execute(sql, (text,))
+        assert "100000" in info.value.diag.message_primary
+        assert info.value.diag.message_hint
+    # exactly at the limit is fine
+    assert conn.execute("select * from kb.search_lexical(%s)", ("x" * 100_000,)).fetchall() == []
+
+
+def test_kb_search_reports_an_over_limit_query_instead_of_dropping_the_arm(conn):
+    """kb.search fails soft on a broken lexical arm, but a query over the bound is the
+    caller's error: it must not come back as a silent vector-only result."""
+    with raises_sqlstate(conn, "KB003"):
+        conn.execute("select * from kb.search(%s)", ("permit " * 14_286,))
+
+
+def test_only_the_64_rarest_terms_score(conn):
+    doc = add_doc(conn, "rare")
+    words = distinct_words(65, random.Random(2))
+    # words[i] occurs in i + 1 chunks of filler, so words[64] is the most frequent
+    for i, word in enumerate(words):
+        for _ in range(i + 1):
+            add_chunk(conn, doc, f"{word} filler")
+    common_only = add_chunk(conn, doc, f"{words[64]} {words[64]} {words[64]}")
+    rare_only = add_chunk(conn, doc, f"{words[0]} {words[0]}")
+    query = " ".join(words)
+    hits = ids(conn.execute("select * from kb.search_lexical(%s, 1000)", (query,)).fetchall())
+    assert rare_only in hits
+    assert common_only not in hits  # the 65th lexeme by df is not scored
+    # the same word alone is scored as usual
+    alone = conn.execute("select * from kb.search_lexical(%s, 1000)", (words[64],)).fetchall()
+    assert common_only in ids(alone)
+
+
+def test_more_than_64_excluded_words_is_kb003(conn):
+    doc = add_doc(conn, "ex")
+    words = distinct_words(70, random.Random(3))
+    target = add_chunk(conn, doc, "permit office")
+    add_chunk(conn, doc, " ".join(words))
+    excluding = "permit " + " ".join(f"-{w}" for w in words)
+    with raises_sqlstate(conn, "KB003") as info:
+        conn.execute("select * from kb.search_lexical(%s)", (excluding,))
+    assert "64" in info.value.diag.message_hint
+    # words the corpus lacks exclude nothing and do not count
+    lacking = "permit " + " ".join(f"-{w}x" for w in words)
+    assert ids(conn.execute("select * from kb.search_lexical(%s)", (lacking,)).fetchall()) == [
+        target
+    ]
+
+
+# -- graph: linear in what it reads, identical to following every path --------------------------
+
+V0_1_0_GRAPH = Path(__file__).parent.parent / "fixtures" / "v0_1_0" / "sql" / "050-expand-graph.sql"
+
+
+def create_0_1_0_walk(conn: psycopg.Connection[Any]) -> None:
+    """0.1.0's kb.expand_graph (every simple path, each chunk's best) as pg_temp.expand_graph."""
+    text = V0_1_0_GRAPH.read_text().replace("kb.expand_graph(", "pg_temp.expand_graph(")
+    conn.execute(text.replace("kb.chunk_matches_filters(", "kb._chunk_matches_filters("))
+
+
+def walk(conn: psycopg.Connection[Any], seeds: list[int], depth: int, min_score: float) -> list:
+    return [
+        (r[1], r[3], r[4], r[5])
+        for r in conn.execute(
+            "select * from kb.expand_graph(%s::bigint[], %s, 1000, %s)", (seeds, depth, min_score)
+        )
+    ]
+
+
+def assert_same_walk(actual: list, expected: list) -> None:
+    assert [(a[0], a[2], a[3]) for a in actual] == [(e[0], e[2], e[3]) for e in expected]
+    assert [a[1] for a in actual] == pytest.approx([e[1] for e in expected], abs=1e-12)
+
+
+def test_walk_equals_0_1_0s_every_path_walk_on_a_random_graph(conn):
+    create_0_1_0_walk(conn)
+    rng = random.Random(4)
+    doc = add_doc(conn, "graph")
+    nodes = [add_chunk(conn, doc, f"node {i}") for i in range(24)]
+    pairs = {tuple(rng.sample(nodes, 2)) for _ in range(90)}
+    for src, dst in pairs:
+        # coarse weights make ties, so the tie rules (fewer hops, then smaller via) are tested
+        add_edge(conn, src, dst, rng.choice([0.5, 0.6, 0.75, 0.8, 0.9, 1.0]))
+    for depth in (1, 2, 3, 4):
+        for seeds in ([nodes[0]], [nodes[3], nodes[17]], nodes[5:9]):
+            for min_score in (0.0, 0.3):
+                expected = conn.execute(
+                    "select chunk_id, score, depth, via_chunk_id"
+                    " from pg_temp.expand_graph(%s::bigint[], %s, 1000, %s)",
+                    (seeds, depth, min_score),
+                ).fetchall()
+                assert_same_walk(walk(conn, seeds, depth, min_score), expected)
+
+
+def best_paths(
+    edges: dict[tuple[int, int], float], seeds: list[int], depth: int
+) -> dict[int, tuple[float, int, int]]:
+    """Best path score into each chunk within depth hops (32 heaviest edges per direction),
+    ties to fewer hops then the smaller via: a hop-bounded Bellman-Ford in Python."""
+    out: dict[int, list[tuple[int, float]]] = {}
+    inc: dict[int, list[tuple[int, float]]] = {}
+    for (src, dst), w in edges.items():
+        out.setdefault(src, []).append((dst, w))
+        inc.setdefault(dst, []).append((src, w))
+    neighbours = {
+        node: sorted(out.get(node, []), key=lambda e: -e[1])[:32]
+        + sorted(inc.get(node, []), key=lambda e: -e[1])[:32]
+        for node in set(out) | set(inc)
+    }
+    best: dict[int, tuple[float, int, int]] = {s: (1.0, 0, 0) for s in seeds}
+    frontier = dict.fromkeys(seeds, 1.0)
+    for hop in range(1, depth + 1):
+        found: dict[int, tuple[float, int]] = {}
+        for node, score in frontier.items():
+            for nxt, w in neighbours.get(node, []):
+                cand = (score * w, -node)
+                if nxt not in found or cand > (found[nxt][0], -found[nxt][1]):
+                    found[nxt] = (score * w, node)
+        frontier = {}
+        for nxt, (score, via) in found.items():
+            if nxt not in best or score > best[nxt][0]:
+                best[nxt] = (score, hop, via)
+                frontier[nxt] = score
+    return {n: b for n, b in best.items() if n not in seeds}
+
+
+def test_depth_five_walk_on_a_70_chunk_clique(conn):
+    rng = random.Random(5)
+    doc = add_doc(conn, "clique")
+    nodes = [add_chunk(conn, doc, f"member {i}") for i in range(70)]
+    edges: dict[tuple[int, int], float] = {}
+    for i, src in enumerate(nodes):
+        for dst in nodes[i + 1 :]:
+            edges[(src, dst)] = rng.uniform(0.55, 1.0)
+            add_edge(conn, src, dst, edges[(src, dst)])
+    # real weights are float4: compare with what the table holds
+    edges = {
+        (s, d): w
+        for s, d, w in conn.execute(
+            "select src_chunk_id, dst_chunk_id, weight::float8 from kb.edges"
+        )
+    }
+    expected = sorted(
+        ((n, *b) for n, b in best_paths(edges, [nodes[0]], 5).items()),
+        key=lambda r: (-r[1], r[2], r[0]),
+    )
+    actual = walk(conn, [nodes[0]], 5, 0.0)
+    assert len(actual) == 69
+    assert_same_walk(actual, expected)
+    top = conn.execute(
+        "select chunk_id, depth from kb.expand_graph(%s::bigint[], 5, 3, 0.5)", ([nodes[0]],)
+    ).fetchall()
+    assert [r[0] for r in top] == [r[0] for r in expected[:3]]
