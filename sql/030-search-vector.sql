@@ -179,14 +179,18 @@ begin
                 _search_vector.query_embedding;
         -- a search whose greedy descent through the graph's upper layers ends in the wrong
         -- region finds none of its neighbours: it comes back with the pool filled from far
-        -- away, under the similarity floor (at 1M chunks 1 query in 60-300 at ef_search 256,
-        -- each build its own; a wider ef_search only makes it rarer: ~450 were needed for none
-        -- in 280 queries, at twice the time of every search). So a scan that brings back fewer
-        -- than match_count chunks at or above the floor, with no filter to explain it, runs once
-        -- more at the widest ef_search pgvector allows: the stranded query then finds all it
-        -- can, a query with little that is similar pays one more scan, every other pays nothing
-        -- (docs/scaling.md section 1)
-        exit when attempt = 2 or filter_sql <> 'true' or rls
+        -- away, under the similarity floor (at 1M chunks 1 query in 20-70 at ef_search 256,
+        -- which ones by build; a wider ef_search only makes it rarer: 384-448 were
+        -- needed for none in 280 queries, at twice the time of every search). So a scan that
+        -- brings back fewer than match_count chunks at or above the floor, with no filter of
+        -- the caller's to explain it, runs once more at the widest ef_search pgvector allows:
+        -- the stranded query then finds all it can, a query with little that is similar pays
+        -- one more scan, every other pays nothing (docs/scaling.md section 1). What the caller
+        -- may read (row-level security) is no filter here: hnsw.max_scan_tuples bounds the scan
+        exit when attempt = 2
+               or coalesce(pg_catalog.cardinality(_search_vector.groups), 0) > 0
+               or _search_vector.category is not null
+               or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0
                or coalesce(pg_catalog.cardinality(chunk_ids), 0) >= _search_vector.match_count
                or pg_catalog.current_setting('hnsw.ef_search')::integer >= 1000;
         perform pg_catalog.set_config('hnsw.ef_search', '1000', true);
