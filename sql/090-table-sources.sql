@@ -112,14 +112,15 @@ comment on function kb._source_by_name(text) is
 -- -- checking a definition against the table ----------------------------------------------
 
 create or replace function kb._source_attribute(relation regclass, column_name text)
-returns table (type_name text, category "char", element_category "char", base_type oid)
+returns table (type_name text, category "char", element_category "char", base_type oid,
+               element_type oid)
 language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
     select pg_catalog.format_type(a.atttypid, a.atttypmod), t.typcategory, e.typcategory,
-           case when t.typtype = 'd' then t.typbasetype else t.oid end
+           case when t.typtype = 'd' then t.typbasetype else t.oid end, e.oid
       from pg_catalog.pg_attribute a
       join pg_catalog.pg_type t on t.oid = a.atttypid
       left join pg_catalog.pg_type e on e.oid = t.typelem and t.typcategory = 'A'
@@ -147,9 +148,10 @@ declare
     found_category "char";
     found_element "char";
     found_base oid;
+    found_element_type oid;
 begin
-    select a.type_name, a.category, a.element_category, a.base_type
-      into found_type, found_category, found_element, found_base
+    select a.type_name, a.category, a.element_category, a.base_type, a.element_type
+      into found_type, found_category, found_element, found_base, found_element_type
       from kb._source_attribute(relation, column_name) a;
     if not found then
         raise exception 'column "%" of % does not exist (%)', column_name, relation, parameter
@@ -163,9 +165,14 @@ begin
             using errcode = '42804',
                   hint = 'the text column must be text, varchar or char; for another type add one, e.g. '
                          'alter table ... add column body_text text generated always as (...) stored';
-    elsif kind = 'list' and found_category = 'A' and found_element is distinct from 'S' then
+    elsif kind = 'list'
+          and not (found_category in ('S', 'N', 'E') or found_base = 'pg_catalog.uuid'::regtype
+                   or (found_category = 'A' and (found_element in ('S', 'N', 'E')
+                                                 or found_element_type = 'pg_catalog.uuid'::regtype))) then
         raise exception 'column "%" of % is %, not a list of names (%)', column_name, relation, found_type, parameter
-            using errcode = '42804', hint = 'use a text[] column (several names) or a text column (one name)';
+            using errcode = '42804',
+                  hint = 'use a text[] column (several names) or a column of one name (text, a number, '
+                         'a uuid or an enum)';
     elsif kind = 'scalar' and found_category = 'A' then
         raise exception 'column "%" of % is %, an array (%)', column_name, relation, found_type, parameter
             using errcode = '42804', hint = 'use a column that holds one value';

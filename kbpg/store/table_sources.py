@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+import contextlib
+from collections.abc import Iterator, Sequence
+from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
 from kbpg.errors import NotFound
 from kbpg.store import db as kdb
 from kbpg.store import queries
-from kbpg.store.sessions import Database, Principal
+from kbpg.store.sessions import Connection, Database, Principal
 
 
 @dataclass(frozen=True)
@@ -50,12 +51,14 @@ class TableSource:
 
 @dataclass(frozen=True)
 class SourceChange:
-    """What adding or altering a source did: its table, key and the triggers now on the table."""
+    """What adding or altering a source did: its table, key and the triggers now on the table;
+    `warnings`: what the worker will lack (a grant, rows hidden by row-level security)."""
 
     name: str
     table: str
     key_columns: list[str]
     triggers: list[str]
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -66,9 +69,27 @@ class SourceRemoval:
     name: str
     documents_deleted: int
     triggers_left: list[str]
+    warnings: list[str] = field(default_factory=list)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def _warnings(conn: Connection) -> Iterator[list[str]]:
+    """The WARNINGs the statements in the block raise, each with its hint."""
+    found: list[str] = []
+
+    def keep(diag: Any) -> None:
+        if diag.severity_nonlocalized == "WARNING" and diag.message_primary:
+            hint = f" (hint: {diag.message_hint})" if diag.message_hint else ""
+            found.append(diag.message_primary + hint)
+
+    conn.add_notice_handler(keep)
+    try:
+        yield found
+    finally:
+        conn.remove_notice_handler(keep)
 
 
 @dataclass(frozen=True)
@@ -123,11 +144,11 @@ def add(
         "metadata": _metadata(metadata) or [],
         "notify": notify,
     }
-    with db.session(principal, write=True) as conn:
+    with db.session(principal, write=True) as conn, _warnings(conn) as warned:
         kdb.require_schema(conn)
         row = conn.execute(queries.SOURCE_ADD, params).fetchone()
     assert row is not None
-    return SourceChange(row[0], row[1], list(row[2]), list(row[3]))
+    return SourceChange(row[0], row[1], list(row[2]), list(row[3]), warned)
 
 
 def alter(
@@ -155,22 +176,22 @@ def alter(
         "metadata": _metadata(metadata),
         "notify": notify,
     }
-    with db.session(principal, write=True) as conn:
+    with db.session(principal, write=True) as conn, _warnings(conn) as warned:
         kdb.require_schema(conn)
         row = conn.execute(queries.SOURCE_ALTER, params).fetchone()
     assert row is not None
-    return SourceChange(row[0], row[1], list(row[2]), list(row[3]))
+    return SourceChange(row[0], row[1], list(row[2]), list(row[3]), warned)
 
 
 def remove(
     db: Database, name: str, *, drop_documents: bool = False, principal: Principal | None = None
 ) -> SourceRemoval:
     """Drop a source's triggers, queue and parked rows (and, asked to, its documents)."""
-    with db.session(principal, write=True) as conn:
+    with db.session(principal, write=True) as conn, _warnings(conn) as warned:
         kdb.require_schema(conn)
         row = conn.execute(queries.SOURCE_REMOVE, {"name": name, "drop": drop_documents}).fetchone()
     assert row is not None
-    return SourceRemoval(row[0], int(row[1]), list(row[2]))
+    return SourceRemoval(row[0], int(row[1]), list(row[2]), warned)
 
 
 def resync(db: Database, name: str, *, principal: Principal | None = None) -> None:
