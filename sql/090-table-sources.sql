@@ -981,7 +981,8 @@ comment on function kb._source_orphans(integer) is
 
 -- -- the worker's queue -------------------------------------------------------------------------
 
-create or replace function kb._source_backfill(source_id integer, max_rows integer)
+create or replace function kb._source_backfill(source_id integer, max_rows integer,
+                                               worker integer default null)
 returns table (enqueued integer, state text, total bigint, done bigint)
 language plpgsql
 volatile
@@ -1028,7 +1029,11 @@ begin
         'with page as (select %1$s as key, pg_catalog.row_number() over (order by %2$s) as n '
         '                from %3$s as t where %4$s order by %2$s limit $3), '
         '     added as (insert into kb.source_queue (source_id, key, op) '
-        '               select $1, p.key, ''B'' from page p on conflict do nothing returning 1) '
+        '               select $1, p.key, ''B'' from page p '
+        -- a key this worker claimed a moment ago is read after this page: once is enough
+        '                where not exists (select 1 from kb.source_claims c where c.source_id = $1 '
+        '                                     and c.key = p.key and c.worker = $4) '
+        '               on conflict do nothing returning 1) '
         'select (select pg_catalog.count(*) from page)::integer, (select pg_catalog.count(*) from added)::integer, '
         '       (select p.key from page p order by p.n desc limit 1)',
         key_sql,
@@ -1036,7 +1041,7 @@ begin
            from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)),
         s.relation, after)
         into page_rows, added, last_key
-        using s.id, s.backfill_cursor, max_rows;
+        using s.id, s.backfill_cursor, max_rows, worker;
     s.backfill_enqueued := s.backfill_enqueued + page_rows;
     if page_rows < max_rows then
         s.backfill_state := 'done';
@@ -1053,10 +1058,11 @@ begin
     return query select page_rows, s.backfill_state, s.backfill_total, s.backfill_enqueued;
 end
 $$;
-comment on function kb._source_backfill(integer, integer) is
+comment on function kb._source_backfill(integer, integer, integer) is
     'Queue the next max_rows rows of a table source''s backfill (keyset order after the saved '
-    'cursor); returns how many, the state (done after the last page), the rows counted at its '
-    'start and the rows queued so far. Rows another worker is paging are skipped.';
+    'cursor), except keys `worker` holds already; returns how many rows the page held, the state '
+    '(done after the last page), the rows counted at its start and the rows paged so far. Nothing '
+    'while another worker pages the same source.';
 
 create or replace function kb._source_claim(worker integer, source_ids integer[], max_rows integer)
 returns table (source_id integer, key text[], op "char", enqueued_at timestamptz)

@@ -336,11 +336,9 @@ class _Worker:
         ids = self.active_ids()
         if not ids:
             return 0
-        now = time.monotonic()
+        if time.monotonic() - self.last_reclaim >= RECLAIM_EVERY_S:
+            self.reclaim()
         with self.transaction():
-            if now - self.last_reclaim >= RECLAIM_EVERY_S:
-                self.conn.execute(queries.SYNC_RECLAIM, (self.token,))
-                self.last_reclaim = now
             self.conn.execute(queries.SYNC_REQUEUE_ERRORS, (ids,))
         claims = self.claim(ids, self.batch_rows)
         if len(claims) < self.batch_rows and self.backfill(ids):
@@ -348,6 +346,13 @@ class _Worker:
         if claims:
             self.process(claims)
         return len(claims)
+
+    def reclaim(self) -> int:
+        """Claims of workers that are gone, back in the queue; how many."""
+        with self.transaction():
+            row = self.conn.execute(queries.SYNC_RECLAIM, (self.token,)).fetchone()
+        self.last_reclaim = time.monotonic()
+        return int(row[0]) if row else 0
 
     def claim(self, ids: list[int], limit: int) -> list[_Claim]:
         with self.transaction():
@@ -364,7 +369,7 @@ class _Worker:
                 continue
             with self.transaction():
                 row = self.conn.execute(
-                    queries.SYNC_BACKFILL, (source_id, self.batch_rows)
+                    queries.SYNC_BACKFILL, (source_id, self.batch_rows, self.token)
                 ).fetchone()
             if row is None:  # another worker is paging it, or it is done
                 continue
@@ -667,10 +672,10 @@ def sync(
             if claimed:
                 continue
             if not watch:
-                if worker.has_work():
-                    _sleep(halt, 0.2)  # another worker holds what is left, or pages a backfill
+                if worker.reclaim() or worker.has_work():
+                    _sleep(halt, 0.2)  # a backfill page or rows another worker left
                     continue
-                break
+                break  # the rest (if any) is claimed by live workers
             if time.monotonic() - worker.last_refresh >= refresh_every_s:
                 worker.refresh()
             worker.wait(poll_s)

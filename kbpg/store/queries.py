@@ -393,7 +393,9 @@ SYNC_SOURCES: Final = (
 )
 SYNC_RECLAIM: Final = "select kb._source_reclaim(%s)"
 SYNC_REQUEUE_ERRORS: Final = "select kb._source_requeue_errors(%s)"
-SYNC_BACKFILL: Final = "select enqueued, state, total, done from kb._source_backfill(%s, %s)"
+SYNC_BACKFILL: Final = (
+    "select enqueued, state, total, done from kb._source_backfill(%s, %s, worker => %s)"
+)
 SYNC_PENDING: Final = "select count(*) from kb.source_queue where source_id = any(%s) and op = 'B'"
 SYNC_CLAIM: Final = "select source_id, key, op, enqueued_at from kb._source_claim(%s, %s, %s)"
 SYNC_ROWS: Final = (
