@@ -191,12 +191,12 @@ def _keys(keys: Sequence[tuple[str, ...]]) -> Jsonb:
     return Jsonb([list(k) for k in keys])
 
 
-def _unreadable_hint(state: str, source: str, table: str) -> str:
+def _unreadable_hint(state: str, source: str, table: str, role: str) -> str:
     if state == "42501":
         return (
-            f"the worker's role needs SELECT on {table} and must see every row: grant select on "
-            f"{table} to <the worker's role>; with row-level security on the table, run the worker "
-            "as its owner or a role with BYPASSRLS"
+            f"the worker needs SELECT on {table} and must see every row: grant select on {table} "
+            f"to {role}; (with row-level security on the table: run the worker as its owner or "
+            "as a role with BYPASSRLS)"
         )
     if state == "42P01":
         return f"its table is gone: kbpg sources remove {source}"
@@ -367,10 +367,14 @@ class _Worker:
             known = self.summary.backfills.get(source.name)
             if source.backfill_state == "done" and (known is None or known.done):
                 continue
-            with self.transaction():
-                row = self.conn.execute(
-                    queries.SYNC_BACKFILL, (source_id, self.batch_rows, self.token)
-                ).fetchone()
+            try:
+                with self.reading(source), self.transaction():
+                    row = self.conn.execute(
+                        queries.SYNC_BACKFILL, (source_id, self.batch_rows, self.token)
+                    ).fetchone()
+            except _Unreadable as exc:
+                self.skip(source_id, exc)
+                continue
             if row is None:  # another worker is paging it, or it is done
                 continue
             enqueued, state, total, done = row
@@ -397,14 +401,7 @@ class _Worker:
                     self.process_source(source, entries)
                 except _Unreadable as exc:
                     self.release(source_id, [c.key for c in entries])
-                    self.skipped_until[source_id] = time.monotonic() + SOURCE_BACKOFF_S
-                    self.summary.unreadable[exc.source] = f"{exc.message} (hint: {exc.hint})"
-                    _log.warning(
-                        "source %s skipped for %.0f s: %s",
-                        exc.source,
-                        SOURCE_BACKOFF_S,
-                        exc.message,
-                    )
+                    self.skip(source_id, exc)
         except BaseException:
             # whatever is still claimed goes back (a model down, a stop, a lost connection: then
             # the next worker reclaims it)
@@ -426,26 +423,36 @@ class _Worker:
         self.summary.released += int(row[0]) if row else 0
 
     def read_rows(self, source: _Source, keys: list[tuple[str, ...]]) -> list[Any]:
+        with self.reading(source), self.transaction():
+            return self.conn.execute(queries.SYNC_ROWS, (source.id, _keys(keys))).fetchall()
+
+    @contextlib.contextmanager
+    def reading(self, source: _Source) -> Iterator[None]:
+        """An error of the source's table (not of the worker) as _Unreadable."""
         try:
-            with self.transaction():
-                return self.conn.execute(queries.SYNC_ROWS, (source.id, _keys(keys))).fetchall()
+            yield
         except psycopg.Error as exc:
             if exc.sqlstate not in _SOURCE_STATES:
                 raise
-            table = self._table_of(source)
+            table, role = self._table_of(source)
             message = exc.diag.message_primary or str(exc)
             raise _Unreadable(
-                source.name, message, _unreadable_hint(exc.sqlstate or "", source.name, table)
+                source.name, message, _unreadable_hint(exc.sqlstate or "", source.name, table, role)
             ) from None
 
-    def _table_of(self, source: _Source) -> str:
+    def skip(self, source_id: int, exc: _Unreadable) -> None:
+        """A source whose table cannot be read waits SOURCE_BACKOFF_S; the others go on."""
+        self.skipped_until[source_id] = time.monotonic() + SOURCE_BACKOFF_S
+        self.summary.unreadable[exc.source] = f"{exc.message} (hint: {exc.hint})"
+        _log.warning("source %s skipped for %.0f s: %s", exc.source, SOURCE_BACKOFF_S, exc.message)
+
+    def _table_of(self, source: _Source) -> tuple[str, str]:
+        """The source's table and the role that should be able to read it, for a hint."""
         with contextlib.suppress(psycopg.Error), self.transaction():
-            row = self.conn.execute(
-                "select relation::text from kb.table_sources where id = %s", (source.id,)
-            ).fetchone()
+            row = self.conn.execute(queries.SYNC_SOURCE_TABLE, (source.id,)).fetchone()
             if row is not None:
-                return str(row[0])
-        return "its table"
+                return str(row[0]), str(row[1])
+        return "its table", "the worker's role"
 
     def process_source(self, source: _Source, entries: list[_Claim]) -> None:
         """Read the claimed rows, write or delete their documents, settle the claims: written,

@@ -391,6 +391,15 @@ SYNC_UNLISTEN: Final = f"unlisten {SYNC_CHANNEL}"
 SYNC_SOURCES: Final = (
     "select id, name, backfill_state, key_columns from kb.table_sources order by name"
 )
+# a source's table (schema-qualified) and the role to grant it to: kbpg's writer role, or this one
+SYNC_SOURCE_TABLE: Final = """
+select pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
+       coalesce((select a.writer_role from kb.access_settings a), current_user)
+  from kb.table_sources s
+  join pg_catalog.pg_class c on c.oid = s.relation
+  join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+ where s.id = %s
+"""
 SYNC_RECLAIM: Final = "select kb._source_reclaim(%s)"
 SYNC_REQUEUE_ERRORS: Final = "select kb._source_requeue_errors(%s)"
 SYNC_BACKFILL: Final = (

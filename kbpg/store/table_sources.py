@@ -8,7 +8,9 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from typing import Any
 
-from kbpg.errors import NotFound
+import psycopg
+
+from kbpg.errors import NotFound, PermissionDenied
 from kbpg.store import db as kdb
 from kbpg.store import queries
 from kbpg.store.sessions import Connection, Database, Principal
@@ -73,6 +75,24 @@ class SourceRemoval:
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@contextlib.contextmanager
+def _as_writer(conn: Connection) -> Iterator[None]:
+    """A role without kbpg's writer role fails on kbpg's tables before any check of the source:
+    say which role it needs (a refusal of kbpg's own names its grant already)."""
+    hint = (
+        "table sources are kbpg's writer role's to define: grant kbpg_writer (or the writer "
+        f"role kb.access_setup named) to {conn.info.user};"
+    )
+    try:
+        yield
+    except PermissionDenied as exc:  # reading kbpg's schema version (kbpg.store.db)
+        raise PermissionDenied(exc.message, hint=hint) from None
+    except psycopg.errors.InsufficientPrivilege as exc:
+        if exc.diag.message_hint:
+            raise
+        raise PermissionDenied(exc.diag.message_primary or str(exc), hint=hint) from None
 
 
 @contextlib.contextmanager
@@ -144,7 +164,7 @@ def add(
         "metadata": _metadata(metadata) or [],
         "notify": notify,
     }
-    with db.session(principal, write=True) as conn, _warnings(conn) as warned:
+    with db.session(principal, write=True) as conn, _warnings(conn) as warned, _as_writer(conn):
         kdb.require_schema(conn)
         row = conn.execute(queries.SOURCE_ADD, params).fetchone()
     assert row is not None
@@ -176,7 +196,7 @@ def alter(
         "metadata": _metadata(metadata),
         "notify": notify,
     }
-    with db.session(principal, write=True) as conn, _warnings(conn) as warned:
+    with db.session(principal, write=True) as conn, _warnings(conn) as warned, _as_writer(conn):
         kdb.require_schema(conn)
         row = conn.execute(queries.SOURCE_ALTER, params).fetchone()
     assert row is not None
@@ -187,7 +207,7 @@ def remove(
     db: Database, name: str, *, drop_documents: bool = False, principal: Principal | None = None
 ) -> SourceRemoval:
     """Drop a source's triggers, queue and parked rows (and, asked to, its documents)."""
-    with db.session(principal, write=True) as conn, _warnings(conn) as warned:
+    with db.session(principal, write=True) as conn, _warnings(conn) as warned, _as_writer(conn):
         kdb.require_schema(conn)
         row = conn.execute(queries.SOURCE_REMOVE, {"name": name, "drop": drop_documents}).fetchone()
     assert row is not None
