@@ -346,7 +346,8 @@ begin
                              and pg_catalog.pg_partition_root(tg_relid) is distinct from source_relation) then
         return null;
     end if;
-    if tg_op <> 'INSERT' then
+    -- an update that kept the key (second argument 'update') needs the new row only
+    if tg_op = 'DELETE' or (tg_op = 'UPDATE' and tg_nargs < 2) then
         row_json := pg_catalog.to_jsonb(old);
         if pg_catalog.cardinality(key_columns) = 1 then
             old_key := array[row_json operator(pg_catalog.->>) key_columns[1]];
@@ -424,6 +425,28 @@ comment on function kb._source_enqueue_truncate() is
     'Statement trigger of a table source on TRUNCATE: queues the source''s empty key, whose worker '
     'deletes the documents of rows that are gone.';
 
+create or replace function kb._source_comparison(relation regclass, column_name text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- old and new compared directly when the type has an equality (a default btree or hash
+-- operator class, for the array's element if an array), as text otherwise (json, xml, point)
+return (select case when exists (
+                   select 1 from pg_catalog.pg_opclass c
+                     join pg_catalog.pg_am m on m.oid = c.opcmethod
+                    where m.amname in ('btree', 'hash') and c.opcdefault
+                      and (c.opcintype = coalesce(a.element_type, a.base_type)
+                           or (c.opcintype = 'pg_catalog.anyenum'::regtype
+                               and coalesce(a.element_category, a.category) = 'E')))
+                    then format('old.%1$I is distinct from new.%1$I', column_name)
+                    else format('old.%1$I::text is distinct from new.%1$I::text', column_name) end
+          from kb._source_attribute(relation, column_name) a);
+comment on function kb._source_comparison(regclass, text) is
+    'SQL comparing a column''s old and new values in a trigger''s WHEN clause: directly when its '
+    'type has an equality, as text otherwise.';
+
 create or replace function kb._source_triggers(source_id integer)
 returns text[]
 language plpgsql
@@ -434,39 +457,55 @@ as $$
 declare
     s kb.table_sources;
     read_columns text[];
+    prefix text;
 begin
     select * into s from kb.table_sources t where t.id = _source_triggers.source_id;
+    prefix := 'kbpg_' || s.name;
     read_columns := array(select distinct c
-                            from pg_catalog.unnest(s.key_columns
-                                                   || array[s.text_column, s.title_column, s.groups_column,
-                                                            s.category_column, s.labels_column]
+                            from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
+                                                         s.category_column, s.labels_column]
                                                    || s.metadata_columns) as c
-                           where c is not null
+                           where c is not null and c <> all (s.key_columns)
                            order by c);
+    if pg_catalog.cardinality(read_columns) = 0 then  -- the text is the key: only rekey fires
+        read_columns := s.key_columns;
+    end if;
     execute format('create or replace trigger %I after insert or delete on %s for each row '
                    'execute function kb._source_enqueue(%L)',
-                   'kbpg_' || s.name || '_change', s.relation, s.id);
-    -- fired only when a column the source reads is set, and queued only when one changed
-    -- (compared as text: json, point and other types have no equality operator)
-    execute format('create or replace trigger %I after update of %s on %s for each row when (%s) '
-                   'execute function kb._source_enqueue(%L)',
-                   'kbpg_' || s.name || '_update',
+                   prefix || '_change', s.relation, s.id);
+    -- an update is fired only when a column the source reads is set, and queued only when one
+    -- changed; with the same key (the common case) only the new row is looked at
+    execute format('create or replace trigger %I after update of %s on %s for each row '
+                   'when ((%s) and (%s)) execute function kb._source_enqueue(%L, ''update'')',
+                   prefix || '_update',
                    (select pg_catalog.string_agg(pg_catalog.quote_ident(c), ', ')
                       from pg_catalog.unnest(read_columns) as c),
                    s.relation,
-                   (select pg_catalog.string_agg(format('old.%1$I::text is distinct from new.%1$I::text', c), ' or ')
+                   (select pg_catalog.string_agg(format('old.%1$I is not distinct from new.%1$I', k), ' and ')
+                      from pg_catalog.unnest(s.key_columns) as k),
+                   (select pg_catalog.string_agg(kb._source_comparison(s.relation, c), ' or ')
                       from pg_catalog.unnest(read_columns) as c),
+                   s.id);
+    -- a key that changed: the old key's document goes, the new key's comes
+    execute format('create or replace trigger %I after update of %s on %s for each row '
+                   'when (%s) execute function kb._source_enqueue(%L)',
+                   prefix || '_rekey',
+                   (select pg_catalog.string_agg(pg_catalog.quote_ident(k), ', ')
+                      from pg_catalog.unnest(s.key_columns) as k),
+                   s.relation,
+                   (select pg_catalog.string_agg(format('old.%1$I is distinct from new.%1$I', k), ' or ')
+                      from pg_catalog.unnest(s.key_columns) as k),
                    s.id);
     execute format('create or replace trigger %I after truncate on %s for each statement '
                    'execute function kb._source_enqueue_truncate(%L)',
-                   'kbpg_' || s.name || '_truncate', s.relation, s.id);
-    return array['kbpg_' || s.name || '_change', 'kbpg_' || s.name || '_update',
-                 'kbpg_' || s.name || '_truncate'];
+                   prefix || '_truncate', s.relation, s.id);
+    return array[prefix || '_change', prefix || '_update', prefix || '_rekey', prefix || '_truncate'];
 end
 $$;
 comment on function kb._source_triggers(integer) is
-    'Create (or replace) a table source''s three triggers on its table: insert or delete, update '
-    'of the columns it reads, truncate. Needs TRIGGER on the table.';
+    'Create (or replace) a table source''s four triggers on its table: insert or delete, update '
+    'of the columns it reads (key unchanged), update of the key, truncate. Needs TRIGGER on the '
+    'table.';
 
 -- -- defining sources -------------------------------------------------------------------------
 
@@ -680,7 +719,7 @@ begin
     end if;
     if exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
         foreach t in array array['kbpg_' || s.name || '_change', 'kbpg_' || s.name || '_update',
-                                 'kbpg_' || s.name || '_truncate'] loop
+                                 'kbpg_' || s.name || '_rekey', 'kbpg_' || s.name || '_truncate'] loop
             begin
                 execute format('drop trigger if exists %I on %s', t, s.relation);
             exception when insufficient_privilege then

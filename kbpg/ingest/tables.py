@@ -105,6 +105,7 @@ class SyncSummary:
     """What a sync run did. `rows` counts claimed rows (each once, whatever became of it)."""
 
     rows: int = 0
+    batches: int = 0  # claims processed (each read, embedded and written together)
     added: int = 0
     updated: int = 0
     unchanged: int = 0
@@ -130,6 +131,7 @@ class SyncSummary:
     def as_dict(self) -> dict[str, Any]:
         return {
             "rows": self.rows,
+            "batches": self.batches,
             "added": self.added,
             "updated": self.updated,
             "unchanged": self.unchanged,
@@ -410,6 +412,7 @@ class _Worker:
                 self.summary.released += int(row[0]) if row else 0
             raise
         self.summary.rows += len(claims)
+        self.summary.batches += 1
         self.summary.backfill_rows += backfilled
         if backfilled:
             self.backfill_s += (time.perf_counter() - started) * backfilled / len(claims)

@@ -277,7 +277,7 @@ def test_changing_a_definition_reads_every_row_again(kb: KnowledgeBase, app_db: 
     sync(kb.db, kb.models)
     changed = table_sources.alter(kb.db, "articles", metadata=["author"], title="")
     assert changed.triggers == [
-        "kbpg_articles_change", "kbpg_articles_update", "kbpg_articles_truncate",
+        "kbpg_articles_change", "kbpg_articles_update", "kbpg_articles_rekey", "kbpg_articles_truncate",
     ]  # fmt: skip
     redone = sync(kb.db, kb.models)
     assert (redone.rows, redone.updated) == (3, 3)
