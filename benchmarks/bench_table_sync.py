@@ -407,7 +407,7 @@ def main() -> None:
     parser.add_argument("--table-rows", type=int, default=100_000, help="trigger: table size")
     parser.add_argument("--rows", type=int, default=2000, help="backfill/freshness: NPL rows")
     parser.add_argument("--repeat", type=int, default=2, help="backfill: runs of each, alternated")
-    parser.add_argument("--batch-rows", type=int, default=64, help="kbpg sync --batch-size")
+    parser.add_argument("--batch-rows", type=int, default=256, help="kbpg sync --batch-size")
     parser.add_argument("--rate", type=float, default=50.0, help="freshness: writes a second")
     parser.add_argument("--seconds", type=float, default=120.0, help="freshness: how long")
     args = parser.parse_args()

@@ -761,6 +761,9 @@ declare
     s kb.table_sources;
 begin
     s := kb._source_by_name(resync_table_source.source_name);
+    perform kb._source_check_privileges(s.relation);
+    -- the triggers too, in case some were dropped (around an ALTER TABLE of a column they read)
+    perform kb._source_triggers(s.id);
     update kb.table_sources t
        set backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
            backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
@@ -771,8 +774,9 @@ begin
 end
 $$;
 comment on function kb.resync_table_source(text) is
-    'Read every row of a table source again and delete the documents of rows that are gone: after '
-    'changes its triggers did not see (a restore with triggers disabled, a logical replica).';
+    'Re-create a table source''s triggers, read every row again and delete the documents of rows '
+    'that are gone: after changes its triggers did not see (dropped around an ALTER TABLE, a '
+    'restore with triggers disabled, a logical replica).';
 
 create or replace function kb.list_table_sources(source_name text default null)
 returns table (

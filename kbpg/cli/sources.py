@@ -424,7 +424,7 @@ def _summary_line(summary: Any) -> str:
 @click.option(
     "--batch-size",
     type=click.IntRange(min=1),
-    default=64,  # kbpg.ingest.tables.BATCH_ROWS (not imported here: numpy at start-up)
+    default=256,  # kbpg.ingest.tables.BATCH_ROWS (not imported here: numpy at start-up)
     show_default=True,
     help="Rows claimed, embedded and written together.",
 )

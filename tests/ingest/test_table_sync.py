@@ -360,3 +360,31 @@ def test_sources_named_must_exist(kb: KnowledgeBase) -> None:
     with pytest.raises(NotFound) as info:
         sync(kb.db, kb.models, ["articles", "tickets"])
     assert "'tickets'" in info.value.message and "kbpg sources list" in (info.value.hint or "")
+
+
+def test_a_migration_of_a_column_the_source_reads(kb: KnowledgeBase, app_db: str) -> None:
+    """The update trigger depends on the columns it compares: the application's ALTER TABLE of
+    one is refused until it is dropped (README); `kbpg sources resync` puts it back and catches
+    up with what changed meanwhile."""
+    sync(kb.db, kb.models)
+    alter = "alter table public.articles alter column body type varchar(2000)"
+    with kdb.connect(app_db, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.FeatureNotSupported) as info:
+            conn.execute(alter)
+        assert "kbpg_articles_update" in (info.value.diag.message_detail or "")
+        conn.execute("drop trigger kbpg_articles_update on public.articles")
+        conn.execute(alter)
+        conn.execute(
+            "update public.articles set body = 'Changed during the migration.' where id = 3"
+        )
+    assert sync(kb.db, kb.models).rows == 0  # nothing saw it
+    table_sources.resync(kb.db, "articles")
+    caught_up = sync(kb.db, kb.models)
+    assert (caught_up.rows, caught_up.updated, caught_up.unchanged) == (3, 1, 2)
+    assert docs(app_db)["table:articles/3"][5] == ["Changed during the migration."]
+    assert (
+        scalar(
+            app_db, "select count(*) from pg_trigger where tgrelid = 'public.articles'::regclass"
+        )
+        == 4
+    )
