@@ -19,6 +19,8 @@ baseline in the same run:
              poller reads kb.documents every 20 ms: seconds from each write's commit to its
              document (with the write's new title) being stored, p50/p95/max, and the worker's
              embedding time per batch. Target: p95 <= 2 s plus the embedding time.
+             `--embedder stub`: vectors from a local server that does no work (bench_ingest_
+             memory's), for the database side alone, when the model cannot keep up.
 
     python benchmarks/bench_table_sync.py                       # all three, ~10 min on 2 cores
     python benchmarks/bench_table_sync.py --only trigger --statements 2000
@@ -41,10 +43,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import psycopg
+from bench_ingest_memory import _StubEmbeddings as StubEmbeddings
 
 from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
@@ -321,7 +325,16 @@ def bench_freshness(args: argparse.Namespace) -> None:
             )
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBPG_")}
         env.update(KBPG_DATABASE_URL=url, ORT_DISABLE_TELEMETRY="1")
-        log(f"  backfilling {len(records)} rows first ...")
+        if args.embedder == "stub":
+            # the database side alone: vectors from a local server that does no work
+            stub = ThreadingHTTPServer(("127.0.0.1", 0), StubEmbeddings)
+            threading.Thread(target=stub.serve_forever, daemon=True).start()
+            env.update(
+                KBPG_EMBEDDER="openai",
+                KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{stub.server_address[1]}/v1",
+                KBPG_OPENAI_MODEL="stub-384",
+            )
+        log(f"  embedder {args.embedder}; backfilling {len(records)} rows first ...")
         subprocess.run([KBPG, "sync", "--batch-size", str(args.batch_rows)], env=env, check=True,
                        capture_output=True)  # fmt: skip
         worker = subprocess.Popen(
@@ -410,6 +423,12 @@ def main() -> None:
     parser.add_argument("--batch-rows", type=int, default=256, help="kbpg sync --batch-size")
     parser.add_argument("--rate", type=float, default=50.0, help="freshness: writes a second")
     parser.add_argument("--seconds", type=float, default=120.0, help="freshness: how long")
+    parser.add_argument(
+        "--embedder",
+        choices=["minilm", "stub"],
+        default="minilm",
+        help="freshness: the model, or a local server answering at once (the database side)",
+    )
     args = parser.parse_args()
     chosen = {c.strip() for c in args.only.split(",")}
     benches: dict[str, Callable[[argparse.Namespace], None]] = {

@@ -499,6 +499,21 @@ class DocumentWriter:
         self.changed = self.changed or bool(rows)
         return [str(r[0]) for r in rows]
 
+    def defer_index(self, incoming_chunks: int) -> bool:
+        """Drop the HNSW index before a load into an empty knowledge base (or one the load at
+        least doubles), as an ingest does; True when it was dropped (ensure_index builds it)."""
+        return indexing.defer_index(self.conn, self._run().transaction, incoming_chunks)
+
+    def ensure_index(self, progress: indexing.ProgressCallback | None = None) -> bool:
+        """Build the HNSW index if it is missing (a deferred load), under kbpg's write lock
+        (taken only when there is one to build)."""
+        with self.db.transaction(self.conn, self.principal, write=True):
+            if indexing.index_present(self.conn):
+                return False
+            if self.conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is None:
+                return False
+        return indexing.ensure_index(self.conn, self.db.url, progress, self._run().transaction)
+
     def refresh(self) -> int:
         """Derived edges and the lexical cache brought up to date after changes; edges added."""
         if not self.changed:

@@ -351,6 +351,8 @@ class _Worker:
             claims += self.claim(ids, self.batch_rows - len(claims))
         if claims:
             self.process(claims)
+        else:
+            self.ensure_index()
         return len(claims)
 
     def reclaim(self) -> int:
@@ -388,6 +390,10 @@ class _Worker:
                 source.name, int(done), int(total or 0), state == "done"
             )
             queued = queued or enqueued > 0
+            if enqueued and done == enqueued and total and total > enqueued:
+                # the first page of a backfill: into an empty knowledge base (or one it at least
+                # doubles) the vector index is built once at the end, as an ingest does
+                self.writer.defer_index(int(total))
         return queued
 
     # -- processing -----------------------------------------------------------------------------
@@ -550,6 +556,13 @@ class _Worker:
         t0 = time.perf_counter()
         self.summary.edges += self.writer.refresh()
         self.summary.database_s += time.perf_counter() - t0
+
+    def ensure_index(self) -> None:
+        """A vector index deferred for a backfill (by this worker or one that died) is built
+        when the queue runs dry."""
+        t0 = time.perf_counter()
+        if self.writer.ensure_index():
+            self.summary.database_s += time.perf_counter() - t0
 
     def has_work(self) -> bool:
         """Whether this worker's sources have claimable rows, due retries or a backfill left."""
