@@ -52,6 +52,10 @@ __all__ = ["SyncProgress", "SyncSummary", "sync"]
 # embedded 512 NPL abstracts in 92 s in calls of 64 and 70 s in calls of 256 (texts sorted by
 # length inside a call pad less), and each batch has its round trips and statement triggers.
 BATCH_ROWS = 256
+# A backfill (or a queue of its rows) goes this many batches at a time: 1,024 rows by default,
+# as an ingest embeds and writes 1,024 records together. Live changes queued meanwhile wait for
+# one such batch at most.
+BACKFILL_BATCHES = 4
 # With NOTIFY the worker wakes at an application's commit; it polls this often regardless.
 POLL_S = 5.0
 # The derived edges and the lexical cache are refreshed when the worker is idle, at most this
@@ -99,7 +103,7 @@ class SyncProgress:
             return 0.0
         if not self.backfill_rows or self.backfill_s <= 0:
             return None
-        left = max(backfill.total - backfill.queued, 0) + BATCH_ROWS
+        left = max(backfill.total - backfill.queued, 0) + BATCH_ROWS * BACKFILL_BATCHES
         return left / (self.backfill_rows / self.backfill_s)
 
 
@@ -348,7 +352,7 @@ class _Worker:
             self.conn.execute(queries.SYNC_REQUEUE_ERRORS, (ids,))
         claims = self.claim(ids, self.batch_rows)
         if len(claims) < self.batch_rows and self.backfill(ids):
-            claims += self.claim(ids, self.batch_rows - len(claims))
+            claims += self.claim(ids, self.batch_rows * BACKFILL_BATCHES - len(claims))
         if claims:
             self.process(claims)
         else:
@@ -377,8 +381,9 @@ class _Worker:
                 continue
             try:
                 with self.reading(source), self.transaction():
+                    page = self.batch_rows * BACKFILL_BATCHES
                     row = self.conn.execute(
-                        queries.SYNC_BACKFILL, (source_id, self.batch_rows, self.token)
+                        queries.SYNC_BACKFILL, (source_id, page, self.token)
                     ).fetchone()
             except _Unreadable as exc:
                 self.skip(source_id, exc)
