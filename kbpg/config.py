@@ -128,6 +128,8 @@ class Settings:
     # read replicas of database_url (KBPG_READ_URL): searches go there, writes never
     read_urls: tuple[str, ...] = ()
     write_lock_wait_ms: int = WRITE_LOCK_WAIT_MS
+    # KBPG_LANGUAGE: the language `kbpg db upgrade` gives the knowledge base (and ingest checks)
+    language: str | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -155,6 +157,7 @@ class Settings:
             pool_timeout_s=_env_duration_ms("KBPG_POOL_TIMEOUT", POOL_TIMEOUT_MS, minimum=1) / 1000,
             read_urls=parse_read_urls(os.environ.get("KBPG_READ_URL")),
             write_lock_wait_ms=_env_duration_ms("KBPG_WRITE_LOCK_WAIT", WRITE_LOCK_WAIT_MS),
+            language=_env("KBPG_LANGUAGE"),
         )
 
 

@@ -13,7 +13,7 @@ from psycopg.rows import dict_row
 
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.models.clients import ModelClients
-from kbpg.models.embedders import Embedder, FloatArray
+from kbpg.models.embedders import Embedder, FloatArray, embed_queries
 from kbpg.search.request import SearchRequest, sql_types
 from kbpg.search.results import Chunk, SearchResult, Timings
 from kbpg.search.stages import StageReport, cap_and_cut, paraphrases, rerank_order
@@ -79,7 +79,7 @@ def run_search(
     if len(windowed) == 1:
         embeddings = [embedder.embed_query(windowed[0])]
     else:  # the question and its paraphrases in one batch
-        embeddings = list(embedder.embed_documents(windowed))
+        embeddings = list(embed_queries(embedder, windowed))
     embedded = time.perf_counter()
     reranker = models.reranker() if request.rerank else None
     notices: list[str] = []

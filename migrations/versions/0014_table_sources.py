@@ -1,8 +1,7 @@
 """Application tables as sources: their definitions, the change queue, claims and parked rows.
 
-Revision ID: 0015
-Revises: 0011 (placeholder: 0012-0014 are in flight on other branches; at merge this follows
-the last of them)
+Revision ID: 0014
+Revises: 0012 (0013, security, lands on main first: then this revises 0013)
 Create Date: 2026-12-02
 
 `kb.add_table_source` (sql/090-table-sources.sql) records a source in kb.table_sources and puts
@@ -23,8 +22,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0015"
-down_revision = "0011"  # at merge: the last of 0012-0014
+revision = "0014"
+down_revision = "0012"  # 0013 (security) once it is on main
 branch_labels = None
 depends_on = None
 
