@@ -1252,3 +1252,29 @@ begin atomic
 end;
 comment on function kb._source_requeue_errors(integer[]) is
     'Queue the parked rows whose retry is due; returns how many.';
+
+-- -- privileges -------------------------------------------------------------------------------
+
+-- The trigger functions run with their owner's rights. Firing a trigger checks no privilege on
+-- its function, so the application's roles need none; creating one takes EXECUTE, which only
+-- kbpg's writer role (whose members add sources) and the owner keep: no one else can hang
+-- kb.source_queue's writer on a table of their own. (sql/080 applies the roles' grants before
+-- this file's functions exist; the writer's EXECUTE is granted here for the first apply.)
+revoke execute on function kb._source_enqueue() from public;
+revoke execute on function kb._source_enqueue_truncate() from public;
+do $$
+declare
+    s kb.access_settings;
+begin
+    select * into s from kb.access_settings;
+    if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
+        execute format('grant execute on function kb._source_enqueue(), kb._source_enqueue_truncate() to %I',
+                       s.writer_role);
+    end if;
+    if s.reader_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)) is not null then
+        -- readers search; the sources' definitions, queue and parked rows are not theirs to read
+        execute format('revoke execute on function kb._source_enqueue(), kb._source_enqueue_truncate() from %I',
+                       s.reader_role);
+    end if;
+end
+$$;

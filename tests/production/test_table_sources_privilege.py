@@ -137,6 +137,31 @@ def test_the_production_roles_add_a_source_and_sync_it(
     assert synced.returncode == 0, synced.stderr
     assert '"added": 4' in synced.stdout
 
+    # the sources' definitions, queue, claims and parked rows are not the reader's to read
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in ("table_sources", "source_queue", "source_claims", "source_errors"):
+            assert conn.execute(
+                "select has_table_privilege(%s, %s, 'SELECT')", (roles.reader, f"kb.{table}")
+            ).fetchone() == (False,), table
+        # the trigger functions run with the owner's rights: only the owner and the writer
+        # role may hang them on a table (firing one checks nothing)
+        assert conn.execute(
+            "select has_function_privilege('public', 'kb._source_enqueue()', 'EXECUTE'),"
+            "       has_function_privilege(%s, 'kb._source_enqueue_truncate()', 'EXECUTE'),"
+            "       has_function_privilege(%s, 'kb._source_enqueue()', 'EXECUTE')",
+            (roles.app, roles.writer),
+        ).fetchone() == (False, False, True)
+        conn.execute(sql.SQL("grant usage on schema kb to {}").format(sql.Identifier(roles.app)))
+    with psycopg.connect(with_user(url, roles.app, PASSWORD), autocommit=True) as conn:
+        conn.execute("create table public.forged (id integer primary key, body text)")
+        with pytest.raises(
+            psycopg.errors.InsufficientPrivilege, match="permission denied for function"
+        ):
+            conn.execute(
+                "create trigger forged after insert on public.forged for each row"
+                " execute function kb._source_enqueue('1')"
+            )
+
     # only the table's owner may drop a trigger: removed by the bot, they stay, inert
     removed = run_kbpg("sources", "remove", "articles", env=bot)
     assert removed.returncode == 0, removed.stderr
