@@ -324,6 +324,9 @@ language plpgsql
 volatile
 security definer
 set search_path = pg_catalog, pg_temp
+-- as every SECURITY DEFINER function of kbpg's: the plans of its statements are not the caller's
+-- to print (debug_print_plan)
+set client_min_messages = notice
 as $$
 declare
     source_id integer;
@@ -400,6 +403,7 @@ language plpgsql
 volatile
 security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 as $$
 declare
     source_id integer;
