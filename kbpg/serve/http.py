@@ -30,6 +30,7 @@ from kbpg.errors import (
     PermissionDenied,
     QueryTimeout,
     ReadOnlyDatabase,
+    RoleUnavailable,
     SchemaNotMigrated,
     StageUnavailable,
 )
@@ -37,6 +38,7 @@ from kbpg.search import request as search_request
 from kbpg.search.results import Chunk, SearchResult, Source
 from kbpg.search.stages import StageReport
 from kbpg.serve.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
+from kbpg.serve.slow_clients import TimedH11Protocol
 from kbpg.serve.tokens import Tokens
 
 _log = logging.getLogger("uvicorn.error")
@@ -118,6 +120,13 @@ class ErrorResponse(BaseModel):
 _ANSWERS: list[tuple[type[KbpgError], int, str | None, str | None]] = [
     (InvalidInput, 422, None, None),
     (
+        # the server's configuration: its log names the role and the grant that is missing
+        RoleUnavailable,
+        403,
+        "this token's database role cannot be used by the server",
+        "the server's operator must fix the token's role (the server log names it)",
+    ),
+    (
         PermissionDenied,
         403,
         "this token may not search this knowledge base",
@@ -160,7 +169,13 @@ def error_response(exc: KbpgError) -> JSONResponse:
         body = ErrorResponse(error=type(exc).__name__, message=exc.message, hint=exc.hint)
     else:
         body = ErrorResponse(error=type(exc).__name__, message=message, hint=hint)
-        _log.warning("%s (%s): %s", body.error, status, exc.message)
+        _log.warning(
+            "%s (%s): %s%s",
+            body.error,
+            status,
+            exc.message,
+            f" (hint: {exc.hint})" if exc.hint else "",
+        )
     headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)} if isinstance(exc, Busy) else None
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -343,6 +358,13 @@ def serve(
         if not tokens.enabled and not is_loopback(host):
             _log.warning("serving on %s without a token (--insecure-no-token)", host)
         app = create_app(kb, tokens=tokens, hosts=hosts, source_root=source_root)
-        uvicorn.run(app, host=host, port=port, log_level="info", access_log=False)
+        uvicorn.run(
+            app,
+            host=host,
+            port=port,
+            log_level="info",
+            access_log=False,
+            http=TimedH11Protocol,  # headers in 10 s, a body in 30 s, or the connection closes
+        )
     finally:
         kb.close()

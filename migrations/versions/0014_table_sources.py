@@ -1,7 +1,7 @@
 """Application tables as sources: their definitions, the change queue, claims and parked rows.
 
 Revision ID: 0014
-Revises: 0012 (0013, security, lands on main first: then this revises 0013)
+Revises: 0013
 Create Date: 2026-12-02
 
 `kb.add_table_source` (sql/090-table-sources.sql) records a source in kb.table_sources and puts
@@ -23,7 +23,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0014"
-down_revision = "0012"  # 0013 (security) once it is on main
+down_revision = "0013"
 branch_labels = None
 depends_on = None
 

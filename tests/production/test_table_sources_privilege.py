@@ -87,7 +87,7 @@ def _as(url: str, role: str, tmp_path: Path) -> dict[str, str]:
 
 
 def test_the_production_roles_add_a_source_and_sync_it(
-    production: tuple[str, Roles], tmp_path: Path
+    production: tuple[str, Roles], admin_url: str, tmp_path: Path
 ) -> None:
     url, roles = production
     bot, app = _as(url, roles.bot, tmp_path), _as(url, roles.app, tmp_path)
@@ -147,10 +147,21 @@ def test_the_production_roles_add_a_source_and_sync_it(
         # role may hang them on a table (firing one checks nothing)
         assert conn.execute(
             "select has_function_privilege('public', 'kb._source_enqueue()', 'EXECUTE'),"
+            "       has_function_privilege(%s, 'kb._source_enqueue()', 'EXECUTE'),"
             "       has_function_privilege(%s, 'kb._source_enqueue_truncate()', 'EXECUTE'),"
             "       has_function_privilege(%s, 'kb._source_enqueue()', 'EXECUTE')",
-            (roles.app, roles.writer),
-        ).fetchone() == (False, False, True)
+            (roles.reader, roles.app, roles.writer),
+        ).fetchone() == (False, False, False, True)
+    # nor the functions that read them (security invoker: the reader has no table to read)
+    database = urlsplit(url).path.lstrip("/")
+    with psycopg.connect(with_database(admin_url, database), autocommit=True) as conn:
+        conn.execute(sql.SQL("set role {}").format(sql.Identifier(roles.reader)))
+        for call in (
+            "select * from kb.list_table_sources()",
+            "select * from kb.list_source_errors()",
+        ):
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute(call)
         conn.execute(sql.SQL("grant usage on schema kb to {}").format(sql.Identifier(roles.app)))
     with psycopg.connect(with_user(url, roles.app, PASSWORD), autocommit=True) as conn:
         conn.execute("create table public.forged (id integer primary key, body text)")
