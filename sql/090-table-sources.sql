@@ -23,8 +23,9 @@
 -- Privileges: adding a source needs TRIGGER on the table and kbpg's writer role (the catalog
 -- lives in schema kb); the worker needs SELECT on the table and must see every row (it reads
 -- with row_security off: a policy hiding rows is an error, not deleted documents). The two
--- trigger functions are the only SECURITY DEFINER functions of kbpg: they let any role that
--- writes the table add to the queue, without a grant on schema kb.
+-- trigger functions are SECURITY DEFINER (kbpg's only ones besides the reader API, sql/075):
+-- they let any role that writes the table add to the queue, without a grant on schema kb.
+-- Readers get nothing here: no table privilege (sql/080), no EXECUTE on the triggers.
 
 -- -- names, keys and documents ------------------------------------------------------------
 
