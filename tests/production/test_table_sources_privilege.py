@@ -162,6 +162,7 @@ def test_the_production_roles_add_a_source_and_sync_it(
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute(call)
+        conn.execute("reset role")
         conn.execute(sql.SQL("grant usage on schema kb to {}").format(sql.Identifier(roles.app)))
     with psycopg.connect(with_user(url, roles.app, PASSWORD), autocommit=True) as conn:
         conn.execute("create table public.forged (id integer primary key, body text)")
