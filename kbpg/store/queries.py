@@ -264,6 +264,15 @@ HAS_EDGES: Final = "select exists (select 1 from kb.edges)"
 SERVER_VERSION: Final = "show server_version"
 VECTOR_VERSION: Final = "select extversion from pg_catalog.pg_extension where extname = 'vector'"
 
+# -- prewarming (sql/085-prewarm.sql) ---------------------------------------------------------
+
+PREWARM_AVAILABLE: Final = (
+    "select exists (select 1 from pg_catalog.pg_available_extensions where name = 'pg_prewarm'),"
+    " pg_catalog.to_regprocedure('kb.prewarm(double precision)') is not null"
+)
+CREATE_PREWARM: Final = "create extension if not exists pg_prewarm"
+PREWARM: Final = "select mode, sum(bytes) from kb.prewarm() group by mode"
+
 
 def create_database(name: str) -> sql.Composed:
     return sql.SQL("create database {}").format(sql.Identifier(name))
