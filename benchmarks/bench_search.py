@@ -19,12 +19,16 @@ prepared statements off so every call is planned like a psql call):
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench --only search_lexical,without
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench --before main~3 --only kb.search
         # REV's functions and today's, query by query back to back, and how often they agree
+    python benchmarks/bench_search.py --keep /tmp/kbpg-bench --cold --repeat 2
+        # a restarted server's first searches, then the same again warm (--drop-os-cache: as
+        # after a reboot; --kb-prewarm: after kb.prewarm()); --repeat prints the spread
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import re
 import shutil
@@ -397,6 +401,24 @@ def main() -> None:
         "the embedded server caps it at 2GB, less than a 1M-chunk knowledge base's working set)",
     )
     parser.add_argument(
+        "--cold",
+        action="store_true",
+        help="restart the server and time from there: no prewarming, no warm-up queries (the "
+        "first pass is a just-started server's first searches; --repeat 2 adds a warm pass)",
+    )
+    parser.add_argument(
+        "--drop-os-cache",
+        action="store_true",
+        help="with --cold: also evict this server's files from the kernel's page cache (as after "
+        "a reboot; other processes' files stay cached)",
+    )
+    parser.add_argument(
+        "--kb-prewarm",
+        action="store_true",
+        help="prewarm with kb.prewarm() (timed) instead of loading every kb relation, no warm-up"
+        " queries when --cold",
+    )
+    parser.add_argument(
         "--layout",
         choices=["vector", "halfvec", "binary"],
         help="vector index layout (default: kb.default_vector_layout's)",
@@ -417,6 +439,12 @@ def main() -> None:
             server.stop()
             admin = server.start()
         kdb.upgrade(url)  # re-applies sql/ on a reused server
+        if args.cold and info is not None:
+            server.stop()
+            if args.drop_os_cache:
+                log(f"evicted {evict_os_cache(server.pgdata) / 2**20:,.0f} MB from the OS cache")
+            admin = server.start()
+            log("server restarted: timings start from cold buffers")
         with psycopg.connect(url, prepare_threshold=None) as conn:
             register_vector(conn)
             if info is None:
@@ -430,6 +458,29 @@ def main() -> None:
         server.stop()
         if args.keep is None:
             shutil.rmtree(home, ignore_errors=True)
+
+
+def load_average() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def evict_os_cache(directory: Path) -> int:
+    """Drop the kernel's cached pages of every file under `directory` (posix_fadvise
+    DONTNEED; the server must be stopped); the bytes those files hold."""
+    total = 0
+    for path in directory.rglob("*"):
+        if path.is_file():
+            fd = os.open(path, os.O_RDONLY)
+            try:
+                os.fdatasync(fd)
+                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+            finally:
+                os.close(fd)
+            total += path.stat().st_size
+    return total
 
 
 def restart_for_shared_buffers(admin: str, size: str | None) -> bool:
@@ -498,23 +549,42 @@ def query_embedding(centroids: np.ndarray, draw: np.random.Generator) -> np.ndar
     return np.asarray(v / np.linalg.norm(v), dtype=np.float32)
 
 
+def query_items(
+    info: dict[str, Any], seed: int, n: int
+) -> list[tuple[str, list[tuple[str, np.ndarray]]]]:
+    """The two query sets with their query embeddings, (text, embedding) per query, as `run`
+    times them (bench_hnsw_recall.py measures recall on the same ones)."""
+    nrng = np.random.default_rng(seed + 1)
+    texts = query_texts(info, random.Random(seed + 1), n)
+    return [
+        (name, [(t, query_embedding(info["centroids"], nrng)) for t in ts])
+        for name, ts in texts.items()
+    ]
+
+
 def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
     log(
         f"load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s, HNSW {info['hnsw_s']:.0f} s,"
         f" BM25 impact cache {info['lexical_cache_s']:.0f} s; sizes {info['sizes']}"
     )
-    prewarm(conn)
-    rng = random.Random(args.seed + 1)
-    nrng = np.random.default_rng(args.seed + 1)
+    if args.kb_prewarm:
+        started = time.perf_counter()
+        loaded = conn.execute("select mode, sum(bytes) from kb.prewarm() group by mode").fetchall()
+        log(
+            f"kb.prewarm() in {time.perf_counter() - started:.1f} s: "
+            + ", ".join(f"{mode} {int(n) / 2**20:,.0f} MB" for mode, n in loaded)
+        )
+    elif not args.cold:
+        prewarm(conn)
     frequent = info["frequent_words"]
     log(
         "frequent words (share of chunks containing them): "
         + ", ".join(f"{w} {share:.0%}" for w, share in frequent[:12])
     )
-    query_sets = query_texts(info, rng, args.queries)
+    sets = query_items(info, args.seed, args.queries)
     centroids: np.ndarray = info["centroids"]
 
-    def embedding(draw: np.random.Generator = nrng) -> np.ndarray:
+    def embedding(draw: np.random.Generator) -> np.ndarray:
         return query_embedding(centroids, draw)
 
     # warm the caches (a just-started server reads the HNSW graph and the lexical cache from
@@ -525,7 +595,9 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
     warm_texts = [
         " ".join(w for w, _ in warm_rng.sample(frequent[:15], warm_rng.randint(2, 3)))
         for _ in range(args.queries)
-    ] + [q for q in info["npl_queries"] if q not in query_sets["NPL questions"]]
+    ] + [q for q in info["npl_queries"] if q not in {t for t, _ in dict(sets)["NPL questions"]}]
+    if args.cold:  # the first pass is the just-started server's first searches
+        warm_texts = []
     for text in warm_texts:
         conn.execute("select * from kb.search(%s, %s)", (text, embedding(warm_nrng))).fetchall()
 
@@ -630,11 +702,15 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         log(f"{'':48} {'p50 ms':>8} {'p95 ms':>8} {'p50 ms':>8} {'p95 ms':>8}  same  now/before")
     else:
         log(f"\n{'':48} {'p50 ms':>8} {'p95 ms':>8}")
-    sets = [(name, [(t, embedding()) for t in texts]) for name, texts in query_sets.items()]
     vector_results: dict[str, list[Any]] = {}
-    for _ in range(args.repeat):
+    # p50 / p95 of every pass, per query set and variant (today's functions)
+    passes: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for pass_no in range(args.repeat):
         for set_name, items in sets:
-            log(f"-- {set_name} ({len(items)} queries), {args.chunks:,} chunks")
+            log(
+                f"-- {set_name} ({len(items)} queries), {args.chunks:,} chunks, pass {pass_no + 1}"
+                f" (load average {load_average()})"
+            )
             results: dict[str, list[Any]] = {}
             for name, fn in variants:
                 if args.before and name in COMPARED:
@@ -644,10 +720,12 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
                         f"{name:48} {b50:8.1f} {b95:8.1f} {p50:8.1f} {p95:8.1f}"
                         f"  {same}/{len(items)}  {ratio:.2f}"
                     )
+                    passes.setdefault((set_name, name + " (before)"), []).append((b50, b95))
                 else:
                     p50, p95, out = timed(fn, items)
                     pad = " " * 18 if args.before else ""
                     log(f"{name:48} {pad}{p50:8.1f} {p95:8.1f}")
+                passes.setdefault((set_name, name), []).append((p50, p95))
                 results[name] = out
             exact = results.get("BM25 without the impact cache")
             cached = results.get("kb.search_lexical BM25 (pool 32)")
@@ -665,6 +743,15 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
                 log(f"ts_rank_cd overlap@10 with BM25 {overlap:.2f}")
             if "kb.search_vector (pool 32)" in results:
                 vector_results[set_name] = results["kb.search_vector (pool 32)"]
+
+    if args.repeat > 1:
+        log(f"\nspread over {args.repeat} passes: p95 ms of each pass, and the worst p50 / p95")
+        for (set_name, name), values in passes.items():
+            each = ", ".join(f"{p95:.1f}" for _, p95 in values)
+            log(
+                f"{set_name:15} {name:48} {each}; worst {max(v[0] for v in values):.1f}"
+                f" / {max(v[1] for v in values):.1f}"
+            )
 
     # last: the exact scans read the whole table and would evict what the timings rely on
     for set_name, items in sets:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -37,14 +38,52 @@ def _embedded_server(app: AppContext) -> Any:
 
 
 @db.command("start")
+@click.option(
+    "--prewarm",
+    is_flag=True,
+    help="Then load kbpg's indexes and tables into memory (kb.prewarm(), with PostgreSQL's "
+    "pg_prewarm where the server has it), so the first searches run as fast as later ones.",
+)
 @pass_app
 @handle_errors
-def db_start(app: AppContext) -> None:
+def db_start(app: AppContext, prewarm: bool) -> None:
     """Start the embedded PostgreSQL server (it keeps running until `kbpg db stop`)."""
     server = _embedded_server(app)
     url = server.start()
     click.echo(f"embedded PostgreSQL running in {server.pgdata}", err=True)
+    if prewarm:
+        _prewarm(url)
     click.echo(url)
+
+
+def _prewarm(url: str) -> None:
+    """kb.prewarm() on kbpg's database, timed, on stderr; skipped with a note where it cannot
+    run (no pg_prewarm on this server, or a schema from before kb.prewarm)."""
+    from kbpg.store import db as kdb
+    from kbpg.store import queries
+
+    started = time.perf_counter()
+    with kdb.connect(url, autocommit=True) as conn, kdb.translate_errors():
+        row = conn.execute(queries.PREWARM_AVAILABLE).fetchone()
+        if row is None or not row[0]:
+            click.echo(
+                "not prewarmed: this server has no pg_prewarm (PostgreSQL contrib)", err=True
+            )
+            return
+        if not row[1]:
+            click.echo("not prewarmed: kb.prewarm() is missing, run `kbpg db upgrade`", err=True)
+            return
+        conn.execute(queries.CREATE_PREWARM)  # kbpg's own server: kbpg is its superuser
+        loaded = dict(conn.execute(queries.PREWARM).fetchall())
+    where = [
+        f"{int(loaded[mode]) / 2**20:,.0f} MB into {place}"
+        for mode, place in (("buffer", "shared buffers"), ("read", "the OS cache"))
+        if mode in loaded
+    ]
+    click.echo(
+        f"prewarmed {', '.join(where) or 'nothing'} in {time.perf_counter() - started:.1f} s",
+        err=True,
+    )
 
 
 @db.command("stop")

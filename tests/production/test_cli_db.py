@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -101,10 +102,11 @@ def test_embedded_server_start_status_stop(kbpg_home: Path) -> None:
     assert status.returncode == 0
     assert "server: not initialised" in status.stdout
 
-    start = run_kbpg("db", "start", env=env)
+    start = run_kbpg("db", "start", "--prewarm", env=env)
     assert start.returncode == 0, start.stderr
     url = start.stdout.strip()
     assert url.startswith("postgresql://postgres@/kbpg?host=")
+    assert "not prewarmed: kb.prewarm() is missing, run `kbpg db upgrade`" in start.stderr
 
     upgrade = run_kbpg("db", "upgrade", env=env)
     assert upgrade.returncode == 0, upgrade.stderr
@@ -114,6 +116,12 @@ def test_embedded_server_start_status_stop(kbpg_home: Path) -> None:
     assert "at head" in status.stdout
     assert run_kbpg("db", "url", env=env).stdout.strip() == url
 
+    assert run_kbpg("db", "stop", env=env).stdout.strip() == "stopped"
+    # after a restart: kbpg's relations loaded again (pg_prewarm ships with the embedded server)
+    start = run_kbpg("db", "start", "--prewarm", env=env)
+    assert start.returncode == 0, start.stderr
+    assert start.stdout.strip() == url
+    assert re.search(r"prewarmed [\d,]+ MB into shared buffers in [\d.]+ s", start.stderr)
     assert run_kbpg("db", "stop", env=env).stdout.strip() == "stopped"
     assert run_kbpg("db", "stop", env=env).stdout.strip() == "not running"
     assert "server: stopped" in run_kbpg("db", "status", env=env).stdout

@@ -162,3 +162,39 @@ def test_another_model_is_refused_with_kb001(conn, space3):
         conn.execute("select kb.set_embedding_space('other-model', 3)")
     assert "kbpg reembed" in info.value.diag.message_hint
     conn.execute("select kb.set_embedding_space('test-model', 3)")  # the same space: no-op
+
+
+def hnsw_scans(conn: psycopg.Connection[Any]) -> int:
+    row = conn.execute(
+        "select pg_stat_get_xact_numscans('kb.chunks_embedding_hnsw'::regclass)"
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_a_scan_short_of_the_floor_scans_once_more(conn, random_corpus):
+    # a search stranded in the wrong region of the graph comes back with its pool under the
+    # similarity floor: without a filter, the arm scans again at ef_search 1000; a pool filled
+    # above the floor, or a filter (which may explain the shortfall), scans once
+    vectors, chunk_ids, _ = random_corpus
+    conn.execute("select set_config('enable_seqscan', 'off', true)")
+    conn.execute("select set_config('enable_bitmapscan', 'off', true)")
+    conn.execute("select set_config('kb.vector_exact_limit', '0', true)")
+    query = np.random.default_rng(3).normal(size=8)
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    sims = unit @ (query / np.linalg.norm(query))
+
+    def scans(**kw: Any) -> tuple[list[int], int]:
+        before = hnsw_scans(conn)
+        rows = vector_search(conn, list(query), k=10, **kw)
+        return ids(rows), hnsw_scans(conn) - before
+
+    found, n = scans()
+    assert len(found) == 10 and n == 1
+    floor = float(np.sort(sims)[-4])  # 4 chunks at or above it
+    found, n = scans(min_similarity=floor - 1e-6)
+    assert n == 2
+    assert found == [chunk_ids[i] for i in np.argsort(-sims)[:4]]
+    found, n = scans(min_similarity=floor - 1e-6, groups=["common", "rare"])
+    assert n == 1
+    assert len(found) <= 4
