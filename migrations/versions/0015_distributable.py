@@ -1,7 +1,7 @@
 """What a distributed (Citus) knowledge base needs of the schema: graph rows that name their document.
 
 Revision ID: 0015
-Revises: 0013 (for now: the newest revision on main; 0014 once issue 26 lands)
+Revises: 0014
 Create Date: 2026-12-01
 
 `kbpg db distribute` spreads kb.documents, kb.chunks and the per-chunk graph rows over Citus
@@ -25,7 +25,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0015"
-down_revision = "0013"
+down_revision = "0014"
 branch_labels = None
 depends_on = None
 
