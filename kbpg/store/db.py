@@ -194,6 +194,28 @@ def require_schema(conn: psycopg.Connection[Any]) -> SchemaStatus:
     return status
 
 
+# serialises the first use of a database by concurrent commands (a session advisory lock key)
+FIRST_USE_LOCK_KEY = 0x6B627068
+
+
+def create_schema_if_missing(conn: psycopg.Connection[Any], url: str) -> bool:
+    """Migrate to head a database with no kbpg schema at all (the embedded server's, on first
+    use); True when it did. Concurrent first uses: one migrates, the others wait for it. A
+    database at another revision is left alone (its upgrade is for `kbpg db upgrade`)."""
+    if schema_status(conn).current is not None:
+        return False
+    with translate_errors():
+        conn.execute("select pg_catalog.pg_advisory_lock(%s)", (FIRST_USE_LOCK_KEY,))
+    try:
+        if schema_status(conn).current is not None:
+            return False
+        upgrade(url)
+        return True
+    finally:
+        with translate_errors():
+            conn.execute("select pg_catalog.pg_advisory_unlock(%s)", (FIRST_USE_LOCK_KEY,))
+
+
 def _run_alembic(url: str, action: str, revision: str) -> None:
     from alembic import command
     from sqlalchemy import create_engine

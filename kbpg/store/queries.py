@@ -342,3 +342,22 @@ MAY_REBUILD_VECTOR_INDEX: Final = (
     " where c.oid = 'kb.chunks'::pg_catalog.regclass"
 )
 HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"
+
+
+# -- readiness ------------------------------------------------------------------------------
+
+# where the primary's WAL is (a primary that is itself a standby: what it has replayed)
+WAL_POSITION: Final = """
+select case when pg_catalog.pg_is_in_recovery() then pg_catalog.pg_last_wal_replay_lsn()
+            else pg_catalog.pg_current_wal_lsn() end::text
+"""
+# a standby's replay: position, seconds since the last replayed transaction, paused (when the
+# role may ask: pg_is_wal_replay_paused is not granted to PUBLIC on every version)
+REPLAY_STATE: Final = """
+select pg_catalog.pg_is_in_recovery(),
+       pg_catalog.pg_last_wal_replay_lsn()::text,
+       extract(epoch from pg_catalog.now() - pg_catalog.pg_last_xact_replay_timestamp())::float8,
+       case when pg_catalog.pg_is_in_recovery() and pg_catalog.has_function_privilege(
+                 'pg_catalog.pg_is_wal_replay_paused()', 'execute')
+            then pg_catalog.pg_is_wal_replay_paused() end
+"""
