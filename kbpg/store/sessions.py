@@ -160,7 +160,7 @@ class Database:
         try:
             conn = pool.getconn(timeout=wait)
         except PoolTimeout as exc:
-            error = _pool_timeout(pool, wait)
+            error = _pool_timeout(pool, wait, self.url)
             if isinstance(error, Busy):
                 telemetry.report.pool_exhausted(PRIMARY)
             raise error from exc
@@ -275,10 +275,16 @@ def _reset(conn: Connection | None) -> None:
         conn.close()
 
 
-def _pool_timeout(pool: ConnectionPool, wait: float) -> KbpgError:
-    """Busy when every connection exists and is in use; unreachable when the pool cannot grow."""
+def _pool_timeout(pool: ConnectionPool, wait: float, url: str) -> KbpgError:
+    """Busy when every connection exists, is in use and the database takes a new one;
+    unreachable when the pool cannot grow or the database refuses connections (connections
+    it broke off count in the pool until they are replaced)."""
     stats = pool.get_stats()
     if stats.get("pool_size", 0) >= stats.get("pool_max", 1):
+        try:
+            kdb.connect(url, autocommit=True).close()
+        except DatabaseUnavailable as exc:
+            return exc
         return Busy(
             f"all {stats.get('pool_max')} database connections stayed busy for {wait:g} s",
             hint="retry shortly, or give the server more connections (--pool-size)",
