@@ -2,5 +2,6 @@
 contexts and entities, embedding in batches, writing whole documents atomically under kbpg's
 write lock, and the jobs over stored documents (delete, re-embed, re-contextualize).
 
-May import: kbpg.store, kbpg.models, kbpg.config, kbpg.errors. Never kbpg.search.
+May import: kbpg.store, kbpg.models, kbpg.config, kbpg.errors, kbpg.telemetry. Never
+kbpg.search.
 """

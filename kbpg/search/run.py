@@ -33,6 +33,7 @@ _SEARCH_TYPES = {
     "extra_embeddings": "",
     "rerank_pool": "integer",
 }
+_SEARCH_TYPE_ITEMS = tuple(_SEARCH_TYPES.items())
 
 
 def _row_to_chunk(row: dict[str, Any]) -> Chunk:
@@ -100,7 +101,7 @@ def run_search(
                     args["extra_embeddings"] = embeddings[1:]
             if reranker is not None:
                 args["rerank_pool"] = max(models.settings.rerank_initial_k, request.top)
-            statement = queries.call_search(_SEARCH_TYPES, list(args))
+            statement = queries.call_search_text(_SEARCH_TYPE_ITEMS, tuple(args))
             with conn.cursor(row_factory=dict_row) as cursor:
                 rows = cursor.execute(statement, args).fetchall()
         finally:

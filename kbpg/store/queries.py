@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -46,6 +47,18 @@ def call_ranked_documents(function: str, names: list[str]) -> sql.Composed:
 
 
 # -- sessions ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def call_search_text(types: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> str:
+    """call_search as text, composed once per set of arguments (every search runs it)."""
+    return call_search(dict(types), list(names)).as_string(None)
+
+
+@functools.lru_cache(maxsize=1024)
+def local_settings_text(role: str | None, timeouts: tuple[tuple[str, int], ...]) -> str:
+    """local_settings as text, composed once per role and timeouts (every session runs it)."""
+    return local_settings(role, dict(timeouts)).as_string(None)
 
 
 def local_settings(role: str | None, timeouts: dict[str, int]) -> sql.Composed:

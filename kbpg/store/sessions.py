@@ -179,7 +179,7 @@ class Database:
             role = principal.role if principal is not None else None
             timeouts = self._timeouts(write)
             if role is not None or timeouts:
-                conn.execute(queries.local_settings(role, timeouts))
+                conn.execute(queries.local_settings_text(role, tuple(timeouts.items())))
             yield conn
 
     @contextmanager
