@@ -453,6 +453,11 @@ def main() -> None:
     )
     parser.add_argument("--before", metavar="REV", help="also serve REV's kbpg (http-REV)")
     parser.add_argument("--pool-size", type=int, help="kbpg serve --pool-size (default: its own)")
+    parser.add_argument(
+        "--also-pool-sizes",
+        default="",
+        help="also run the http path on servers with these --pool-size values (e.g. 2,8)",
+    )
     parser.add_argument("--fused-pool-size", type=int, default=8)
     parser.add_argument("--shared-buffers", metavar="SIZE")
     parser.add_argument("--serve-fused", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -531,6 +536,10 @@ def run(
             )
         if "http-fused" in paths:
             servers["http-fused"] = stack(fused_server(url, logs / "http-fused.log"))
+        for size in [int(n) for n in args.also_pool_sizes.split(",") if n.strip()]:
+            name = f"http-pool{size}"
+            servers[name] = stack(kbpg_server(url, None, size, logs / f"{name}.log"))
+            paths = [*paths, name]
         makers: dict[str, Callable[[int, list[Any]], Callable[[], None]]] = {
             "sql": sql_client(url, fused=False),
             "sql-fused": sql_client(url, fused=True),
@@ -544,7 +553,8 @@ def run(
                 for name in order:
                     port_pid = servers.get(name)
                     meter = CpuMeter(postmaster, port_pid[1] if port_pid else None)
-                    metrics_port = port_pid[0] if name == "http" and port_pid else None
+                    ours = name == "http" or name.startswith("http-pool")  # has /metrics
+                    metrics_port = port_pid[0] if ours and port_pid else None
                     result = measure(
                         name, makers[name], clients, items, args.seconds, meter, metrics_port
                     )
@@ -564,6 +574,8 @@ def contextmanager_stack() -> Iterator[Callable[[Any], Any]]:
 
 
 def label(path: str, before: str | None) -> str:
+    if path.startswith("http-pool"):
+        return f"kbpg serve --pool-size {path[len('http-pool') :]} (HTTP)"
     return {
         "sql": "kb.search (socket)",
         "sql-fused": "baseline: HNSW + ts_rank_cd + RRF (socket)",
@@ -579,7 +591,8 @@ def line(r: Result, before: str | None) -> str:
     per = (
         f"cpu ms/search: server {cpu['server'] * 1000 / n:5.1f} postgres {cpu['pg'] * 1000 / n:5.1f}"
         f" client {cpu['client'] * 1000 / n:4.1f} other {cpu['other'] * 1000 / n:5.1f}"
-        f" ({cpu['machine'] / r.wall_s:.2f} cores busy)"
+        f" ({cpu['machine'] / r.wall_s:.2f} cores busy, the server {cpu['server'] / r.wall_s:.2f},"
+        f" PostgreSQL {cpu['pg'] / r.wall_s:.2f})"
     )
     if "embed" in r.stages and r.stages.get("embed_count"):
         count = r.stages["embed_count"]
@@ -625,7 +638,8 @@ def report(results: list[Result], before: str | None) -> None:
 
 
 def order_of(path: str) -> int:
-    return ["sql", "sql-fused", "http", "http-before", "http-fused"].index(path)
+    known = ["sql", "sql-fused", "http", "http-before", "http-fused"]
+    return known.index(path) if path in known else len(known)
 
 
 if __name__ == "__main__":

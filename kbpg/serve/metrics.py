@@ -5,7 +5,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+    start_http_server,
+)
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
@@ -168,3 +175,16 @@ class Metrics(telemetry.Observer):
 
     def ingest_chunks(self, count: int) -> None:
         self.ingest_chunks_total.inc(count)
+
+
+def expose(metrics: Metrics, port: int, host: str = "127.0.0.1") -> Callable[[], None]:
+    """Serve `metrics` at http://host:port/metrics from a thread, for a process without the
+    HTTP API (a long `kbpg ingest`); returns the function that stops it."""
+    server, thread = start_http_server(port, addr=host, registry=metrics.registry)
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+    return stop

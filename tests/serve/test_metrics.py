@@ -4,6 +4,8 @@ its token rules), /readyz (busy, down, unmigrated), /healthz, and JSON logs."""
 from __future__ import annotations
 
 import json
+import subprocess
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -21,7 +23,9 @@ from kbpg.ingest.run import ingest_paths
 from kbpg.models.embedders import Embedder
 from kbpg.serve.http import create_app
 from kbpg.store import db as kdb
-from tests.http_server import running_server
+from tests.embedding_server import EmbeddingServer
+from tests.helpers import KBPG
+from tests.http_server import free_port, running_server
 from tests.model_servers import ModelServer
 from tests.release_fixtures import REPO
 from tests.search_kb import env_for
@@ -232,3 +236,60 @@ def test_json_log_has_a_line_per_request(db_url: str, embedder: Embedder, tmp_pa
     assert any(
         e["logger"] == "uvicorn.error" and "Uvicorn running" in e["message"] for e in entries
     )
+
+
+# -- a long ingest ----------------------------------------------------------------------------
+
+
+def test_a_long_ingest_serves_its_progress(db_url: str, embedder: Embedder, tmp_path: Path) -> None:
+    """`kbpg ingest --metrics-port`: while the run lasts (a slow embedding server here), its
+    progress is scraped from 127.0.0.1; the port closes with the run."""
+    for name in ("a", "b", "c"):
+        (tmp_path / f"{name}.md").write_text(f"# Note {name}\n\nParking note {name}.\n")
+    port = free_port()
+    with EmbeddingServer(embedder) as server:  # type: ignore[arg-type]
+        server.slow_s = 1.5
+        server.script = ["slow"] * 20
+        env = env_for(
+            db_url,
+            tmp_path / "home",
+            KBPG_EMBEDDER="openai",
+            KBPG_OPENAI_BASE_URL=server.base_url,
+            KBPG_OPENAI_MODEL="minilm-over-http",
+        )
+        proc = subprocess.Popen(
+            [KBPG, "ingest", *(str(tmp_path / f"{n}.md") for n in "abc"), "--batch-size", "1",
+             "--metrics-port", str(port)],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        seen: list[tuple[float, float]] = []  # (runs in progress, documents added) while running
+        try:
+            while proc.poll() is None:
+                try:
+                    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+                except httpx.TransportError:
+                    time.sleep(0.1)
+                    continue
+                metrics = {
+                    (s.name, frozenset(s.labels.items())): s.value
+                    for family in text_string_to_metric_families(text)
+                    for s in family.samples
+                }
+                if proc.poll() is None:
+                    seen.append(
+                        (
+                            value(metrics, "kbpg_ingest_runs"),
+                            value(metrics, "kbpg_ingest_documents_total", outcome="added"),
+                        )
+                    )
+                time.sleep(0.2)
+            _, err = proc.communicate(timeout=60)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert proc.returncode == 0, err
+    assert f"metrics at http://127.0.0.1:{port}/metrics" in err
+    assert (1.0, 0.0) in seen  # running, nothing committed yet
+    assert any(runs == 1.0 and 1 <= added < 3 for runs, added in seen)  # part way
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2)
