@@ -43,10 +43,16 @@ class KnowledgeBase:
 
     @classmethod
     def from_env(
-        cls, settings: Settings | None = None, *, embedder: str | None = None, pool_size: int = 4
+        cls,
+        settings: Settings | None = None,
+        *,
+        url: str | None = None,
+        embedder: str | None = None,
+        pool_size: int = 4,
     ) -> Self:
-        """A knowledge base on KBPG_DATABASE_URL (or the embedded server), model loaded now."""
-        kb = cls(settings=settings, pool_size=pool_size, embedder_name=embedder)
+        """A knowledge base on `url` (default: KBPG_DATABASE_URL, else the embedded server), the
+        other settings from the environment, model loaded now."""
+        kb = cls(url, settings=settings, pool_size=pool_size, embedder_name=embedder)
         try:
             kb.embedder  # noqa: B018 - load now, so that search timings do not include it
         except BaseException:

@@ -131,6 +131,8 @@ class Settings:
     read_urls: tuple[str, ...] = ()
     write_lock_wait_ms: int = WRITE_LOCK_WAIT_MS
     replica_max_lag_ms: int = REPLICA_MAX_LAG_MS
+    # KBPG_LANGUAGE: the language `kbpg db upgrade` gives the knowledge base (and ingest checks)
+    language: str | None = None
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -159,6 +161,7 @@ class Settings:
             read_urls=parse_read_urls(os.environ.get("KBPG_READ_URL")),
             write_lock_wait_ms=_env_duration_ms("KBPG_WRITE_LOCK_WAIT", WRITE_LOCK_WAIT_MS),
             replica_max_lag_ms=_env_duration_ms("KBPG_REPLICA_MAX_LAG", REPLICA_MAX_LAG_MS),
+            language=_env("KBPG_LANGUAGE"),
         )
 
 

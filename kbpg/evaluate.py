@@ -254,9 +254,11 @@ def drop_database(url: str, name: str) -> None:
 
 
 @contextlib.contextmanager
-def throwaway_database(url: str, *, keep: bool = False) -> Iterator[str]:
-    """A new migrated `kbpg_eval_<random>` database on url's server, dropped on exit
-    (also on errors, Ctrl-C and SIGTERM-as-SystemExit) unless `keep`."""
+def throwaway_database(
+    url: str, *, keep: bool = False, language: str | None = None
+) -> Iterator[str]:
+    """A new migrated `kbpg_eval_<random>` database on url's server (in `language`, default
+    english), dropped on exit (also on errors, Ctrl-C and SIGTERM-as-SystemExit) unless `keep`."""
     name = DATABASE_PREFIX + secrets.token_hex(6)
     with _maintenance(url) as conn:
         try:
@@ -271,6 +273,12 @@ def throwaway_database(url: str, *, keep: bool = False) -> Iterator[str]:
     try:
         eval_url = url_for_database(url, name)
         kdb.upgrade(eval_url)
+        if language is not None:
+            from kbpg.store.language import change_language
+
+            with kdb.connect(eval_url) as conn, kdb.translate_errors():
+                change_language(conn, language)
+                conn.commit()
         yield eval_url
     finally:
         if not keep:
@@ -381,13 +389,20 @@ class EvalReport:
     runs: dict[str, dict[str, list[str]]] = field(repr=False)
     timings: dict[str, float]
     database: str | None = None
+    language: str = "english"
+    model: str | None = None
+    # what the reader should know: a model that does not know the language
+    notes: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         return {
             "dataset": self.dataset,
             "queries": self.queries,
+            "language": self.language,
+            "model": self.model,
             "arms": self.metrics,
             "timings": self.timings,
+            "notes": list(self.notes),
         }
 
 
@@ -432,7 +447,9 @@ def ingest_collection(
 ) -> Collection:
     """Ingest the corpus (document source = corpus `_id`) and embed the judged queries;
     `contextual`: with chunk contexts from the chat model (every arm then sees them)."""
+    from kbpg.ingest.batching import batch_documents_for
     from kbpg.ingest.run import Document, ingest_documents
+    from kbpg.models.embedders import embed_queries
 
     if progress:
         progress(f"ingesting {len(dataset.corpus)} documents into {database_name(eval_url)}")
@@ -449,6 +466,7 @@ def ingest_collection(
                 else None
             ),
             contextual=contextual,
+            batch_documents=batch_documents_for(embedder),
         )
         ingest_s = time.perf_counter() - clock
         with kb.session() as conn:
@@ -457,8 +475,9 @@ def ingest_collection(
 
     clock = time.perf_counter()
     query_ids = dataset.query_ids
-    # one batched call; MiniLM and the OpenAI provider embed queries like documents
-    vectors = embedder.embed_documents([dataset.queries[qid] for qid in query_ids])
+    # one batched call; MiniLM and the OpenAI provider embed queries like documents, e5 with
+    # its `query: ` prefix
+    vectors = embed_queries(embedder, [dataset.queries[qid] for qid in query_ids])
     embed_s = time.perf_counter() - clock
     return Collection(
         url=eval_url,
@@ -519,16 +538,25 @@ def evaluate(
     progress: Progress | None = None,
     settings: Settings | None = None,
     contextual: bool = False,
+    language: str | None = None,
 ) -> EvalReport:
-    """`kbpg eval`: ingest `dataset` into a throwaway database on url's server, run the
-    arms, score them, drop the database unless `keep`. `contextual`: ingest with chunk
-    contexts (compare with a run without to see what they do)."""
+    """`kbpg eval`: ingest `dataset` into a throwaway database on url's server (in `language`,
+    default english), run the arms, score them, drop the database unless `keep`.
+    `contextual`: ingest with chunk contexts (compare with a run without to see what they do)."""
+    from kbpg.models.embedders import model_mismatch
+    from kbpg.store.language import current_language, is_english
+
     check_options(options or {})  # before the corpus is ingested, not after
     check_stage_arms(arms or (), settings or Settings.from_env(), contextual)
     started = time.perf_counter()
-    with throwaway_database(url, keep=keep) as eval_url:
+    with throwaway_database(url, keep=keep, language=language) as eval_url:
         if progress:
             progress(f"evaluation database {database_name(eval_url)}")
+        with kdb.connect(eval_url) as conn:
+            chosen = current_language(conn)
+            mismatch = model_mismatch(chosen, is_english(conn, chosen), embedder.model_name)
+        if mismatch and progress:
+            progress(f"warning: {mismatch}")
         collection = ingest_collection(
             eval_url, dataset, embedder, progress, settings, contextual=contextual
         )
@@ -541,7 +569,25 @@ def evaluate(
         runs=runs,
         timings={k: round(v, 3) for k, v in timings.items()},
         database=database_name(eval_url) if keep else None,
+        language=chosen,
+        model=embedder.model_name,
+        notes=_notes(metrics, mismatch),
     )
+
+
+def _notes(metrics: Mapping[str, Mapping[str, float]], mismatch: str | None) -> tuple[str, ...]:
+    """The report's warnings: a model that does not know the language, and what it costs."""
+    notes = [mismatch] if mismatch else []
+    hybrid, lexical = metrics.get("hybrid"), metrics.get("lexical")
+    if hybrid and lexical:
+        ndcg = next(iter(hybrid))
+        if hybrid[ndcg] < lexical[ndcg] - 0.01:
+            notes.append(
+                f"hybrid {ndcg} {hybrid[ndcg]:.4f} is below the lexical arm's "
+                f"{lexical[ndcg]:.4f}: the vector arm adds noise"
+                + (" (see above)" if mismatch else "")
+            )
+    return tuple(notes)
 
 
 def database_name(url: str) -> str:
@@ -554,10 +600,12 @@ def format_table(report: EvalReport) -> str:
     names = next(iter(report.metrics.values())).keys() if report.metrics else ()
     width = max([len(a) for a in report.metrics] + [3])
     lines = [
-        f"{report.dataset}: {report.queries} queries",
+        f"{report.dataset}: {report.queries} queries, language {report.language}"
+        + (f", model {report.model}" if report.model else ""),
         "  ".join([f"{'arm':<{width}}", *(f"{n:>10}" for n in names)]),
     ]
     for arm, values in report.metrics.items():
         lines.append("  ".join([f"{arm:<{width}}", *(f"{values[n]:>10.4f}" for n in names)]))
     lines.append("timings: " + ", ".join(f"{k} {v:.1f}" for k, v in report.timings.items()))
+    lines += [f"warning: {note}" for note in report.notes]
     return "\n".join(lines)

@@ -8,9 +8,11 @@
 -- every score and changes no ranking). tf counts every occurrence of the lexeme in the chunk,
 -- section (weight A) and body (weight B) alike; dl = kb.chunks.token_count; N, df and avgdl
 -- come live from kb.corpus_stats / kb.lexeme_stats, exact after every insert and delete.
--- Query syntax is websearch_to_tsquery('english', ...); terms are OR-ed (a long question still
--- matches), "-term" excludes chunks containing that lexeme (a negated phrase excludes each of
--- its words), quoted phrases count as their words.
+-- Query syntax is websearch_to_tsquery's, in the knowledge base's language (kb.language, sql/015:
+-- its text search configuration; cjk: `simple`, then each word analysed as chunks are, a word of
+-- Han or Kana becoming its bigrams); terms are OR-ed (a long question still matches), "-term"
+-- excludes chunks containing that lexeme (a negated phrase excludes each of its words; a negated
+-- CJK word, the chunks holding all its bigrams), quoted phrases count as their words.
 --
 -- Cost bound (what one query may make the arm read): query text of at most 100,000
 -- characters (longer: SQLSTATE KB003), parsed once (linear in its length); of its distinct
@@ -53,16 +55,94 @@ end;
 comment on function kb._lexemes_tsquery(text[]) is
     'The OR tsquery of the given lexemes (NULL for none): the GIN-indexable form of a query.';
 
-create or replace function kb._query_terms(query_text text, out terms text[], out excluded text[])
-language plpgsql
+create or replace function kb._lexemes_all_tsquery(lexemes text[])
+returns tsquery
+language sql
 immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select nullif(string_agg('''' || replace(replace(l, '\', '\\'), '''', '''''') || '''', ' & '),
+                  '')::pg_catalog.tsquery
+      from pg_catalog.unnest(lexemes) as l;
+end;
+comment on function kb._lexemes_all_tsquery(text[]) is
+    'The AND tsquery of the given lexemes (NULL for none).';
+
+create or replace function kb._cjk_lexemes(words text[])
+returns text[]
+language sql
+immutable
+strict
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    -- query words hold no space: analysed together, they give what each gives alone
+    select coalesce(array_agg(x.lexeme order by x.lexeme), '{}')
+      from pg_catalog.unnest(pg_catalog.tsvector_to_array(
+               kb._cjk_tsvector(pg_catalog.array_to_string(words, ' ')))) as x(lexeme);
+end;
+comment on function kb._cjk_lexemes(text[]) is
+    'The distinct lexemes of query words under the cjk analysis (a word of Han, Kana or Hangul: '
+    'its character bigrams).';
+
+create or replace function kb._cjk_exclusion(
+    words text[],
+    known_only boolean,
+    out excluded text[],
+    out exclusion tsquery
+)
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    -- each excluded word excludes the chunks holding all of its lexemes (a Han word: all its
+    -- bigrams, not any one of them); known_only: a word with a lexeme the corpus lacks excludes
+    -- nothing and is dropped
+    with w as (
+        select kb._cjk_lexemes(array[u.word]) as lexemes
+          from pg_catalog.unnest(words) as u(word)
+    ), kept as (
+        select w.lexemes from w
+         where cardinality(w.lexemes) > 0
+           and (not known_only
+                or not exists (select 1 from pg_catalog.unnest(w.lexemes) as l(lexeme)
+                                where not exists (select 1 from kb.lexeme_stats s
+                                                   where s.lexeme = l.lexeme and s.doc_freq > 0)))
+    )
+    select coalesce((select array_agg(distinct l.lexeme order by l.lexeme)
+                       from kept, pg_catalog.unnest(kept.lexemes) as l(lexeme)), '{}'),
+           (select pg_catalog.string_agg('(' || kb._lexemes_all_tsquery(kept.lexemes)::text || ')', ' | ')
+              from kept)::pg_catalog.tsquery;
+end;
+comment on function kb._cjk_exclusion(text[], boolean) is
+    'What "-word" query words exclude under the cjk analysis: their lexemes, and the tsquery '
+    'matching chunks that hold all the lexemes of one of them; known_only: only words whose '
+    'lexemes the corpus holds.';
+
+create or replace function kb._query_terms(
+    query_text text,
+    out terms text[],
+    out excluded text[],
+    out exclusion tsquery
+)
+language plpgsql
+stable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
+    lang text;
     full_query tsquery;
     every text[];
+    words text[];
+    negated text[];
 begin
     if pg_catalog.length(query_text) > 100000 then
         raise exception 'query text of % characters is over the limit of 100000',
@@ -71,24 +151,50 @@ begin
                   hint = 'shorten the query: the lexical arm scores its 64 rarest words, the '
                          'vector arm reads its first 256 tokens';
     end if;
+    select l.name into lang from kb.language l;
     -- parsed once, each lexeme extracted once (0.1.0 re-parsed the query for every lexeme:
     -- 2,000 words took 15 s)
-    full_query := pg_catalog.websearch_to_tsquery('english'::pg_catalog.regconfig,
-                                                 coalesce(query_text, ''));
+    if lang = 'cjk' then
+        full_query := pg_catalog.websearch_to_tsquery('pg_catalog.simple'::pg_catalog.regconfig,
+                          pg_catalog.normalize(coalesce(query_text, ''), 'NFKC'));
+    else
+        full_query := pg_catalog.websearch_to_tsquery(
+                          coalesce(lang, 'english')::pg_catalog.regconfig, coalesce(query_text, ''));
+    end if;
     every := kb._tsquery_lexemes(full_query::text);
     -- without a negation ('!') every lexeme scores: one pass of the regular expression
-    terms := case when pg_catalog.strpos(full_query::text, '!') = 0 then every
+    words := case when pg_catalog.strpos(full_query::text, '!') = 0 then every
                   else kb._tsquery_lexemes(pg_catalog.querytree(full_query)) end;
-    excluded := coalesce(array(select e from pg_catalog.unnest(every) as e
-                               except
-                               select t from pg_catalog.unnest(terms) as t
-                               order by 1), '{}');
+    negated := coalesce(array(select e from pg_catalog.unnest(every) as e
+                              except
+                              select t from pg_catalog.unnest(words) as t
+                              order by 1), '{}');
+    if lang = 'cjk' then
+        -- each word analysed as a chunk's text is: a run of Han or Kana becomes its bigrams
+        terms := kb._cjk_lexemes(words);
+        select x.excluded, x.exclusion into excluded, exclusion
+          from kb._cjk_exclusion(negated, known_only => false) x;
+        if cardinality(excluded) > 64 then
+            -- words the corpus lacks exclude nothing, and do not count against the limit
+            select x.excluded, x.exclusion into excluded, exclusion
+              from kb._cjk_exclusion(negated, known_only => true) x;
+        end if;
+    else
+        terms := words;
+        excluded := negated;
+        if cardinality(excluded) > 64 then
+            excluded := array(select s.lexeme from kb.lexeme_stats s
+                               where s.lexeme = any (negated) and s.doc_freq > 0 order by 1);
+        end if;
+        exclusion := kb._lexemes_tsquery(excluded);
+    end if;
 end
 $$;
 comment on function kb._query_terms(text) is
-    'The distinct lexemes a query scores with (terms, OR-ed) and the lexemes it excludes '
-    '("-word"), parsed once with websearch_to_tsquery(''english'', ...); over 100,000 '
-    'characters: SQLSTATE KB003.';
+    'The distinct lexemes a query scores with (terms, OR-ed), the lexemes it excludes ("-word"; '
+    'past 64, only those the corpus holds) and the tsquery of the chunks it excludes, parsed once '
+    'with websearch_to_tsquery in the knowledge base''s language (cjk: simple, each word then '
+    'analysed into bigrams); over 100,000 characters: SQLSTATE KB003.';
 
 create or replace function kb._bm25_score(
     tsv tsvector,

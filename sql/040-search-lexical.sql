@@ -279,16 +279,12 @@ begin
     if terms is null then
         return;
     end if;
+    -- past 64, kb._query_terms kept only what the corpus holds (words it lacks exclude nothing)
     if cardinality(qt.excluded) > 64 then
-        -- words the corpus lacks exclude nothing
-        qt.excluded := array(select s.lexeme from kb.lexeme_stats s
-                              where s.lexeme = any (qt.excluded) and s.doc_freq > 0 order by 1);
-        if cardinality(qt.excluded) > 64 then
-            raise exception 'the query excludes % words, over the limit of 64', cardinality(qt.excluded)
-                using errcode = 'KB003', hint = 'exclude at most 64 words with "-word"';
-        end if;
+        raise exception 'the query excludes % words, over the limit of 64', cardinality(qt.excluded)
+            using errcode = 'KB003', hint = 'exclude at most 64 words with "-word"';
     end if;
-    excluded := kb._lexemes_tsquery(qt.excluded);
+    excluded := qt.exclusion;
     all_terms := kb._lexemes_tsquery(terms);
     select * into state from kb.lexical_state;
     -- the blocks the sums would read: every block up to the watermark while the ids are dense;
@@ -577,7 +573,8 @@ begin atomic
 end;
 comment on function kb.search_lexical(text, integer, text[], text, text[]) is
     'Lexical arm: exact Okapi BM25 (k1 1.2, b 0.75) top match_count chunks for a '
-    'websearch_to_tsquery(''english'') query with OR semantics, filters applied; fast on '
+    'websearch_to_tsquery query in the knowledge base''s language (kb.language) with OR '
+    'semantics, filters applied; fast on '
     'frequent terms through the kb.lexical_blocks impact cache, exact whatever its age. Cost '
     'bound: at most 100,000 characters and 64 excluded words (else SQLSTATE KB003); the 64 '
     'rarest distinct terms the corpus holds are scored.';

@@ -53,7 +53,7 @@ begin
         execute format('grant usage on schema kb to %I', s.reader_role);
         execute format('grant execute on all functions in schema kb to %I', s.reader_role);
         -- what the search functions read; chunk_links/chunk_entities (ingest's) are not granted
-        foreach t in array array['documents', 'chunks', 'edges', 'embedding_space', 'corpus_stats',
+        foreach t in array array['documents', 'chunks', 'edges', 'embedding_space', 'language', 'corpus_stats',
                                  'lexeme_stats', 'lexical_blocks', 'lexical_state',
                                  'lexical_pending', 'access_grants', 'access_settings'] loop
             execute format('grant select on kb.%I to %I', t, s.reader_role);

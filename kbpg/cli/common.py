@@ -92,8 +92,8 @@ embedder_option = click.option(
     "embedder_name",
     metavar="NAME",
     default=None,
-    help="Embedding provider: minilm (offline) or openai  [env var: KBPG_EMBEDDER; "
-    "default: minilm].",
+    help="Embedding provider: minilm (offline, English), e5-multilingual (offline, ~100 "
+    "languages, slow on passages) or openai  [env var: KBPG_EMBEDDER; default: minilm].",
 )
 
 

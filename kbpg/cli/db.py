@@ -183,13 +183,26 @@ def _schema_status(app: AppContext) -> SchemaStatus:
     metavar="SCHEMA",
     help="With --sql: the schema pgvector is in.  [default: public]",
 )
+@click.option(
+    "--language",
+    metavar="LANG",
+    help="The knowledge base's language: a text search configuration of the server (english, "
+    "russian, german, simple, ...: `select * from kb.languages()`) or cjk (Chinese, Japanese, "
+    "Korean). A change re-analyses every chunk in one transaction  [env var: KBPG_LANGUAGE; "
+    "default: english for a new knowledge base, else unchanged].",
+)
 @pass_app
 @handle_errors
-def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str | None) -> None:
+def db_upgrade(
+    app: AppContext, revision: str, as_sql: bool, vector_schema: str | None, language: str | None
+) -> None:
     """Migrate to REVISION (default head) and re-apply the sql/ function files at head."""
     from kbpg.store import db as kdb
 
+    language = language or app.settings.language
     if as_sql:
+        if language is not None:
+            raise click.UsageError("--language runs online (the script leaves the language)")
         click.echo(kdb.upgrade_script(revision, vector_schema=vector_schema or "public"), nl=False)
         return
     if vector_schema is not None:
@@ -197,6 +210,38 @@ def db_upgrade(app: AppContext, revision: str, as_sql: bool, vector_schema: str 
     kdb.upgrade(app.url, revision)
     status = _schema_status(app)
     click.echo(f"schema at {status.current}" + (" (head)" if status.at_head else ""))
+    if language is not None:
+        if not status.at_head:
+            raise KbpgError(
+                "--language needs the schema at head", hint="run `kbpg db upgrade --language ...`"
+            )
+        _set_language(app, language)
+
+
+def _set_language(app: AppContext, language: str) -> None:
+    """The knowledge base's language, changed in one transaction with progress on stderr."""
+    from kbpg.models.embedders import get_embedder, model_mismatch
+    from kbpg.store import db as kdb
+    from kbpg.store import queries
+    from kbpg.store.language import change_language, is_english
+
+    tty = sys.stderr.isatty()
+
+    def progress(event: Any) -> None:
+        click.echo(("\r\x1b[K" if tty else "") + event.describe(), nl=not tty, err=True)
+
+    with kdb.connect(app.url) as conn, kdb.translate_errors():
+        change = change_language(conn, language, progress)
+        space = conn.execute(queries.EMBEDDING_SPACE).fetchone()
+        english = is_english(conn, change.after)
+        conn.commit()
+    if tty and change.changed:
+        click.echo("\r\x1b[K", nl=False, err=True)
+    click.echo(change.describe())
+    model = str(space[0]) if space else get_embedder(app.settings).model_name
+    warning = model_mismatch(change.after, english, model)
+    if warning:
+        click.echo(f"warning: {warning}", err=True)
 
 
 @db.command("downgrade")

@@ -63,6 +63,12 @@ from kbpg.search.request import OPTIONS, TUNING_OPTIONS
     "with a run without.",
 )
 @click.option("--split", default="test", show_default=True, help="Which qrels/<split>.tsv.")
+@click.option(
+    "--language",
+    metavar="LANG",
+    help="The evaluation database's language (english, russian, cjk, ...: see `kbpg db "
+    "upgrade --language`)  [env var: KBPG_LANGUAGE; default: english].",
+)
 @embedder_option
 @search_options(TUNING_OPTIONS)
 @click.option(
@@ -87,6 +93,7 @@ def eval_command(
     expand_arm: bool,
     contextual: bool,
     split: str,
+    language: str | None,
     embedder_name: str | None,
     save_runs: Path | None,
     as_json: bool,
@@ -121,6 +128,7 @@ def eval_command(
         progress=lambda message: click.echo(message, err=True),
         settings=app.settings,
         contextual=contextual,
+        language=language or app.settings.language,
     )
     if report.database:
         click.echo(f"kept evaluation database {report.database}", err=True)

@@ -33,6 +33,12 @@ BATCH_DOCUMENTS = 1024
 BATCH_CHARS = 400_000
 
 
+def batch_documents_for(embedder: object) -> int:
+    """Documents per transaction for `embedder`: BATCH_DOCUMENTS unless the model asks for
+    fewer (a slow one, e5's passages: a batch, and so a progress line, every few seconds)."""
+    return int(getattr(embedder, "batch_documents", BATCH_DOCUMENTS))
+
+
 @dataclass
 class PreparedBatch:
     """A batch ready to write, with what happened to its documents on the way. `vectors` holds

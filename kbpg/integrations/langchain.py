@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
-from typing import Any
+from functools import partial
+from typing import TYPE_CHECKING, Annotated, Any, Self
 
-from langchain_core.callbacks import CallbackManagerForRetrieverRun
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field, field_validator
+from pydantic import BeforeValidator, ConfigDict, Field, create_model, model_validator
 
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.errors import InvalidInput
-from kbpg.search.request import SearchRequest
-from kbpg.search.results import Chunk
+from kbpg.integrations import shared
+from kbpg.search.request import OPTIONS, check
+from kbpg.search.results import Chunk, SearchResult
 
 __all__ = ["KbpgRetriever", "chunk_document"]
 
@@ -20,66 +25,113 @@ __all__ = ["KbpgRetriever", "chunk_document"]
 def chunk_document(chunk: Chunk) -> Document:
     """A ranked chunk as a LangChain Document: its text, and where and why it was found."""
     return Document(
-        page_content=chunk.content,
-        metadata={
-            "source": chunk.source,
-            "title": chunk.document,
-            "section": chunk.section,
-            "rank": chunk.rank,
-            "score": chunk.score,
-            "similarity": chunk.similarity,
-            "vector_rank": chunk.vector_rank,
-            "lexical_rank": chunk.lexical_rank,
-            "graph_rank": chunk.graph_rank,
-            "rerank_score": chunk.rerank_score,
-            "chunk_id": chunk.chunk_id,
-            "document_id": chunk.document_id,
-        },
+        id=str(chunk.chunk_id), page_content=chunk.content, metadata=shared.chunk_metadata(chunk)
     )
 
 
-class KbpgRetriever(BaseRetriever):
+def _checked(name: str, value: Any) -> Any:
+    try:
+        return check(name, value)
+    except InvalidInput as exc:  # pydantic reports ValueErrors as a ValidationError
+        raise ValueError(exc.message) from None
+
+
+def _with_search_options(base: type[BaseRetriever]) -> type[BaseRetriever]:
+    """`base` with one pydantic field per SearchRequest option (default None: kbpg's default),
+    typed and checked as SearchRequest declares it, so `KbpgRetriever(top=3)`, `.top` and
+    LangChain's `configurable_fields(top=...)` work."""
+    fields: dict[str, Any] = {
+        name: (
+            Annotated[kind, BeforeValidator(partial(_checked, name))],
+            Field(default=None, description=OPTIONS[name].help),
+        )
+        for name, kind in shared.option_types().items()
+    }
+    return create_model("KbpgSearchOptions", __base__=base, __module__=__name__, **fields)
+
+
+# Type checkers see BaseRetriever; at run time the base also has the option fields, generated
+# from SearchRequest's one declaration (kbpg.search.request.OPTIONS), never copied by hand.
+if TYPE_CHECKING:
+    _RetrieverWithOptions = BaseRetriever
+else:
+    _RetrieverWithOptions = _with_search_options(BaseRetriever)
+
+
+class KbpgRetriever(_RetrieverWithOptions):
     """kbpg's hybrid search (vector + BM25 + graph, fused in SQL) as a LangChain retriever.
 
-    `search_options` are SearchRequest's fields (top, groups, category, labels, graph,
-    rerank, ...), checked when the retriever is built; keyword arguments of `invoke` override
-    them for one call. `principal` runs every search as that database role (row-level
-    security decides what it may read). The knowledge base is the caller's: close it when done.
+    Every SearchRequest option (top, groups, category, labels, graph, rerank, ...) is a
+    constructor keyword, checked when the retriever is built; keyword arguments of `invoke`
+    override them for one call (None: back to kbpg's default). An unknown keyword is an error.
+    `principal` runs every search as that database role (row-level security decides what it
+    may read).
 
-        kb = KnowledgeBase.from_env()
-        retriever = KbpgRetriever(knowledge_base=kb, search_options={"top": 4})
+        retriever = KbpgRetriever.from_env(top=4)               # KBPG_DATABASE_URL or embedded
+        retriever = KbpgRetriever.from_url("postgresql://kb@db/kb", top=4)
+        retriever = KbpgRetriever(knowledge_base=kb, top=4)     # a KnowledgeBase you hold
         docs = retriever.invoke("how do I renew a parking permit")
+
+    from_env and from_url open a KnowledgeBase (a connection pool and the model): close it with
+    `retriever.knowledge_base.close()` when done.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True)
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     knowledge_base: KnowledgeBase
-    search_options: dict[str, Any] = Field(default_factory=dict)
     principal: Principal | None = None
 
-    @field_validator("search_options")
+    @model_validator(mode="before")
     @classmethod
-    def _known_options(cls, options: dict[str, Any]) -> dict[str, Any]:
-        if "query" in options:
-            raise ValueError("the query is what invoke() is given, not a search option")
-        try:
-            SearchRequest("options check", **options)
-        except InvalidInput as exc:
-            raise ValueError(exc.message) from None
-        except TypeError as exc:  # an option SearchRequest does not have
-            raise ValueError(str(exc)) from None
-        return options
+    def _known_keywords(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            unknown = [name for name in data if name not in cls.model_fields]
+            if unknown:
+                raise ValueError(
+                    f"unknown keyword {unknown[0]!r}: KbpgRetriever takes knowledge_base, "
+                    f"principal and the search options {', '.join(shared.SEARCH_OPTIONS)}"
+                )
+        return data
 
     @classmethod
-    def from_env(cls, **search_options: Any) -> KbpgRetriever:
+    def from_env(cls, *, principal: Principal | None = None, **search_options: Any) -> Self:
         """A retriever on KBPG_DATABASE_URL (or the embedded server), the model loaded now."""
-        return cls(knowledge_base=KnowledgeBase.from_env(), search_options=search_options)
+        return shared.opened(
+            None, lambda kb: cls(knowledge_base=kb, principal=principal, **search_options)
+        )
+
+    @classmethod
+    def from_url(
+        cls, url: str, *, principal: Principal | None = None, **search_options: Any
+    ) -> Self:
+        """A retriever on the database at `url` (other settings from KBPG_*), model loaded now."""
+        return shared.opened(
+            url, lambda kb: cls(knowledge_base=kb, principal=principal, **search_options)
+        )
+
+    def _options(self, overrides: dict[str, Any]) -> dict[str, Any]:
+        overrides.pop("verbose", None)  # invoke()'s own keyword, passed on by LangChain
+        own = {name: getattr(self, name) for name in shared.SEARCH_OPTIONS}
+        return shared.search_options(own, overrides)
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **overrides: Any
     ) -> list[Document]:
-        request = SearchRequest(query, **{**self.search_options, **overrides})
-        result = self.knowledge_base.search(request, principal=self.principal)
+        options = self._options(overrides)
+        result = shared.search(self.knowledge_base, query, options, self.principal)
         for warning in result.warnings:
             run_manager.on_text(f"kbpg: {warning}\n")
-        return [chunk_document(chunk) for chunk in result.chunks]
+        return _documents(result)
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **overrides: Any
+    ) -> list[Document]:
+        options = self._options(overrides)
+        result = await shared.search_async(self.knowledge_base, query, options, self.principal)
+        for warning in result.warnings:
+            await run_manager.on_text(f"kbpg: {warning}\n")
+        return _documents(result)
+
+
+def _documents(result: SearchResult) -> list[Document]:
+    return [chunk_document(chunk) for chunk in result.chunks]

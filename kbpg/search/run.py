@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from kbpg import telemetry
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.models.clients import ModelClients
-from kbpg.models.embedders import Embedder, FloatArray
+from kbpg.models.embedders import Embedder, FloatArray, embed_queries
 from kbpg.search.request import SearchRequest, sql_types
 from kbpg.search.results import Chunk, SearchResult, Timings
 from kbpg.search.stages import SKIPPED, StageReport, cap_and_cut, paraphrases, rerank_order
@@ -81,7 +81,7 @@ def run_search(
     if len(windowed) == 1:  # batched with the questions of concurrent searches
         embeddings = [models.embed_query(windowed[0])]
     else:  # the question and its paraphrases in one batch
-        embeddings = list(embedder.embed_documents(windowed))
+        embeddings = list(embed_queries(embedder, windowed))
     embedded = time.perf_counter()
     reranker = models.reranker() if request.rerank else None
     notices: list[str] = []

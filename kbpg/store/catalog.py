@@ -115,8 +115,11 @@ def stats(db: Database, *, principal: Principal | None = None) -> dict[str, Any]
         row = conn.execute(queries.STATS).fetchone()
         assert row is not None
         sizes = conn.execute(queries.RELATION_SIZES).fetchall()
-    docs, chunks, unembedded, edges, model, dim, layout, indexed, chunk_count, tokens, lexemes = row
+    docs, chunks, unembedded, edges, model, dim, layout, indexed, chunk_count, tokens, lexemes = (
+        row[:11]
+    )
     return {
+        "language": str(row[11]),
         "documents": int(docs),
         "chunks": int(chunks),
         "chunks_without_embedding": int(unembedded),

@@ -251,7 +251,8 @@ select (select count(*) from kb.documents),
        to_regclass('kb.chunks_embedding_hnsw') is not null,
        (select chunk_count from kb.corpus_stats),
        (select total_tokens from kb.corpus_stats),
-       (select count(*) from kb.lexeme_stats)
+       (select count(*) from kb.lexeme_stats),
+       (select name from kb.language)
 """
 # a partitioned table or index (kind p, I: no storage of its own) counts as the sum of its
 # partitions, which are not listed on their own
@@ -374,3 +375,30 @@ select pg_catalog.pg_is_in_recovery(),
                  'pg_catalog.pg_is_wal_replay_paused()', 'execute')
             then pg_catalog.pg_is_wal_replay_paused() end
 """
+
+# -- the knowledge base's language (sql/015) ---------------------------------------------------
+
+LANGUAGE: Final = "select name from kb.language"
+LANGUAGE_CHANGE_BEGIN: Final = (
+    "select language_before, language_after, chunks"
+    " from kb._language_change_begin(language => %(language)s)"
+)
+LANGUAGE_REANALYSE: Final = "select kb._language_reanalyse(batch_size => %(batch)s)"
+LANGUAGE_CHANGE_FINISH: Final = (
+    "select chunks, lexemes, blocks_rebuilt from kb._language_change_finish()"
+)
+# whether a configuration's words are English to the model: when both
+# kinds of word (ASCII and other letters) go to an english* or simple dictionary
+LANGUAGE_IS_ENGLISH: Final = """
+select not exists (
+         select 1
+           from pg_catalog.ts_token_type('default') t
+          where t.alias in ('asciiword', 'word')
+            and not exists (select 1
+                              from pg_catalog.pg_ts_config_map m
+                              join pg_catalog.pg_ts_dict d on d.oid = m.mapdict
+                             where m.mapcfg = %(language)s::pg_catalog.regconfig
+                               and m.maptokentype = t.tokid
+                               and (d.dictname like 'english%%' or d.dictname = 'simple')))
+"""
+RESOLVE_LANGUAGE: Final = "select kb._resolve_language(%(language)s)"

@@ -550,7 +550,11 @@ def test_every_writer_takes_lock_wait(db_url: str, tmp_path: Path, cli_env: dict
 
 def test_the_cli_batch_size_default_is_the_librarys() -> None:
     from kbpg.cli.library import ingest
-    from kbpg.ingest.batching import BATCH_DOCUMENTS
+    from kbpg.ingest.batching import BATCH_DOCUMENTS, batch_documents_for
+    from kbpg.models.embedders import E5Embedder, MiniLMEmbedder
 
+    # no --batch-size: the model's own batch (e5's slow passages) or the library's
     defaults = [p.default for p in ingest.params if p.name == "batch_size"]
-    assert defaults == [BATCH_DOCUMENTS] == [1024]
+    assert defaults == [None]
+    assert batch_documents_for(MiniLMEmbedder()) == BATCH_DOCUMENTS == 1024
+    assert batch_documents_for(E5Embedder()) == 32

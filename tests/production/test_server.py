@@ -165,7 +165,7 @@ def test_import_raises_no_warning_without_xdg_runtime_dir() -> None:
             "-W",
             "error",
             "-c",
-            "import kbpg.cli, kbpg.server, kbpg.db; kbpg.server._binaries_dir()",
+            "import kbpg.cli, kbpg.store.embedded, kbpg.store.db; kbpg.store.embedded._binaries_dir()",
         ],
         env=env,
         capture_output=True,

@@ -245,7 +245,12 @@ def test_eval_json_end_to_end(
     result = CliRunner().invoke(main, args, env=cli_env)
     assert result.exit_code == 0, result.stderr + result.stdout
     report = json.loads(result.stdout)
-    assert set(report) == {"dataset", "queries", "arms", "timings"}
+    assert set(report) == {"dataset", "queries", "language", "model", "arms", "timings", "notes"}
+    assert (report["language"], report["model"], report["notes"]) == (
+        "english",
+        "all-MiniLM-L6-v2",
+        [],
+    )
     assert report["dataset"] == "tiny"
     assert report["queries"] == 4
     assert set(report["arms"]) >= {"hybrid", "vector", "lexical"}
@@ -280,7 +285,7 @@ def test_eval_keep_and_table(tiny_dataset: Path, cli_env: dict[str, str], db_url
     finally:
         ev.drop_database(db_url, kept.group(1))
     lines = result.stdout.splitlines()
-    assert lines[0] == "tiny: 4 queries"
+    assert lines[0] == "tiny: 4 queries, language english, model all-MiniLM-L6-v2"
     assert lines[1].split() == ["arm", "ndcg@10", "recall@100", "mrr@10", "map@100", "hit@8"]
     assert [line.split()[0] for line in lines[2:5]] == ["hybrid", "vector", "lexical"]
 
@@ -311,3 +316,18 @@ def test_eval_drops_database_on_interrupt(tiny_dataset: Path, db_url: str) -> No
     name = re.search(r"kbpg_eval_[0-9a-f]+", messages[0])
     assert name is not None
     assert _databases(db_url, name.group(0)) == set()
+
+
+def test_eval_in_another_language_says_the_model_does_not_know_it(
+    tiny_dataset: Path, cli_env: dict[str, str], db_url: str
+) -> None:
+    args = ["eval", str(tiny_dataset), "--language", "german", "--arms", "lexical"]
+    result = CliRunner().invoke(main, args, env=cli_env)
+    assert result.exit_code == 0, result.stderr + result.stdout
+    assert result.stdout.startswith("tiny: 4 queries, language german, model all-MiniLM-L6-v2")
+    assert "warning: the knowledge base's language is german, but all-MiniLM-L6-v2" in (
+        result.stdout
+    )
+    bad = CliRunner().invoke(main, [*args[:2], "--language", "klingon"], env=cli_env)
+    assert bad.exit_code == 1
+    assert "unknown language klingon" in bad.stderr

@@ -94,14 +94,16 @@ def test_rerank_skipped_when_the_pool_is_not_larger_than_top(conn, crowded, serv
 def test_rerank_failure_keeps_the_fused_order(conn, crowded, server, action, caplog):
     server.script = [action]
     pool = search(conn, "permit", match_count=2, rerank_pool=20)
-    reranker = ApiReranker(http(server.api_url, timeout_s=0.3, budget_s=0.3), "m")
-    started = time.perf_counter()
+    # only the slow reply (2 s) must outlast the budget; the others get time to arrive even
+    # on a loaded machine (a 0.3 s budget for all three made "500" time out under load)
+    budget = 0.3 if action == "slow" else 30.0
+    reranker = ApiReranker(http(server.api_url, timeout_s=budget, budget_s=budget), "m")
     order, report = rerank_order(reranker, "zebra", pool, 2, 2000)
-    assert time.perf_counter() - started < 0.9
     assert order == [(i, None) for i in range(len(pool))]
     assert report.status == FAILED
     assert report.warning is not None and report.warning.startswith("kbpg: rerank stage failed (")
     assert report.warning in caplog.text
+    # the slow reply is cut by the budget (the detail names it), not waited for
     expected = {"500": "HTTP 500", "malformed": "lacks 'index'", "slow": "ReadTimeout"}[action]
     assert expected in report.detail
 

@@ -93,3 +93,28 @@ def test_index_progress_counts_partitions(db_url, monkeypatch):
     # a partition's count is not shown against the whole table's 6,000 chunks
     assert all(e.tuples_total in (0, 3000) and e.tuples_done <= 3000 for e in building)
     assert re.search(r": .* partition [12] of 2, [0-9,]+", building[-1].describe())
+
+
+def test_language_change_on_a_partitioned_table(db_url):
+    """kb.set_language re-creates the trigger on the parent: every partition analyses in the
+    new language, the old chunks are re-analysed, the statistics stay exact."""
+    with partitioned(db_url) as conn:
+        conn.execute("select kb.set_language('german')")
+        conn.commit()
+        triggers = conn.execute(
+            "select tgrelid::regclass::text, pg_get_triggerdef(oid) from pg_trigger"
+            " where tgname = 'chunks_text_search' order by 1"
+        ).fetchall()
+        assert [t[0] for t in triggers] == ["kb.chunks", "kb.chunks_t00", "kb.chunks_t01"]
+        assert all("_chunks_text_search_language('german')" in t[1] for t in triggers)
+        doc = add_doc(conn, "t00-de", category="t00", groups=["t00"])
+        add_chunk(conn, doc, "Die Häuser am Fluss")
+        conn.commit()
+        row = conn.execute(
+            "select count(*) from kb.chunks where tsv is distinct from"
+            " setweight(kb.text_tsvector(section), 'A') || setweight(kb.text_tsvector(content), 'B')"
+            " || setweight(kb.text_tsvector(coalesce(context, '')), 'C')"
+        ).fetchone()
+        assert row == (0,)
+        assert "haus" in bm25_statistics(conn)[1]
+        assert bm25_statistics(conn) == counted_statistics(conn)

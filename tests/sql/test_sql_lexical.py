@@ -270,7 +270,11 @@ def test_cache_stays_exact_through_inserts_updates_deletes_and_drift(conn):
     # new chunks above the watermark, an updated chunk, deletions, and avgdl drifting > 5%
     for i in range(200):
         add_chunk(conn, docs[i % 60], random_text(vocab, weights, rng, 60, 120))
-    victim = conn.execute("select min(id) + 5 from kb.chunks").fetchone()
+    # a chunk the deletion below keeps (min(id) + 5 was a multiple of 7 on some sequence states)
+    victim = conn.execute(
+        "select min(id) from kb.chunks where id % 7 <> 0"
+        " and id >= (select min(id) + 5 from kb.chunks)"
+    ).fetchone()
     assert victim is not None
     conn.execute(
         "update kb.chunks set content = %s where id = %s", (" ".join([rare] * 12), victim[0])

@@ -1,0 +1,160 @@
+"""Quality gate in other languages: XQuAD Russian and Chinese (and English, the control) through
+kbpg's own evaluation, with the knowledge base's language set.
+
+Each collection is 240 paragraphs and 1,190 questions. With all-MiniLM-L6-v2 (English only) the
+collection is ingested once in `english` (today's analysis, reported), then switched to its
+language with kb.set_language on the same data; with multilingual-e5-small (Chinese) it is
+ingested in its language (e5 embeds ~4 passages a second here: the bulk of the time this module
+adds to CI).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kbpg import evaluate as ev
+from kbpg.config import Settings
+from kbpg.models.embedders import get_embedder
+from kbpg.store import db as kdb
+from tests.conftest import NPL_DIR
+
+pytestmark = pytest.mark.slow
+
+NDCG = "ndcg@10"
+VECTOR_OFF = {"vector_weight": 0.0}  # the English model switched off: hybrid = the lexical arm
+LANGUAGES = {"xquad-ru": "russian", "xquad-zh": "cjk", "xquad-en": "english"}
+SUMMARY: list[str] = []
+
+
+@dataclass
+class Scores:
+    """nDCG@10 per arm of one collection, language and model."""
+
+    arms: dict[str, float] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+def collection_dir(name: str) -> Path:
+    path = NPL_DIR.parent / name
+    if not (path / "corpus.jsonl").exists():
+        message = f"{name} not found at {path}"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    return path
+
+
+def _score(
+    collection: ev.Collection, label: str, scores: Scores, arms: tuple[str, ...], off: bool = False
+) -> None:
+    """The arms' nDCG@10 (only those a test reads: each arm is 2,380 calls of kb.search)."""
+    metrics, _, _ = ev.score_arms(collection, arms)
+    scores.arms.update({f"{label} {arm}": m[NDCG] for arm, m in metrics.items()})
+    if off:
+        hybrid, _, _ = ev.score_arms(collection, ("hybrid",), options=VECTOR_OFF)
+        scores.arms[f"{label} hybrid, vector off"] = hybrid["hybrid"][NDCG]
+
+
+def _report(name: str, model: str, scores: Scores) -> None:
+    values = ", ".join(f"{arm} {value:.3f}" for arm, value in scores.arms.items())
+    SUMMARY.append(f"{name} ({model}, {scores.seconds:.0f} s): {values}")
+
+
+class _Summary:
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        terminalreporter.write_sep("=", "XQuAD quality gate (nDCG@10, kbpg eval)")
+        for line in SUMMARY:
+            terminalreporter.write_line(line)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
+    request.config.pluginmanager.register(_Summary(), "kbpg-xquad-quality-summary")
+    yield
+
+
+@pytest.fixture(scope="module", params=["xquad-ru", "xquad-zh"])
+def minilm(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
+    """MiniLM: ingested in english (today), then the same data switched to the language."""
+    name = request.param
+    dataset = ev.load_beir(collection_dir(name))
+    embedder = get_embedder(Settings.from_env(), "minilm")
+    scores = Scores()
+    started = time.perf_counter()
+    with ev.throwaway_database(admin_url) as url:
+        collection = ev.ingest_collection(url, dataset, embedder)
+        _score(collection, "english", scores, ("lexical",))
+        with kdb.connect(url) as conn:
+            conn.execute("select kb.set_language(%s)", (LANGUAGES[name],))
+            row = conn.execute("select lexemes_corrected from kb.recount_bm25_statistics()")
+            scores.arms["recount corrected"] = float(row.fetchone()[0])  # type: ignore[index]
+            conn.commit()
+        _score(collection, LANGUAGES[name], scores, ("lexical",), off=True)
+    scores.seconds = time.perf_counter() - started
+    _report(name, "all-MiniLM-L6-v2", scores)
+    return name, scores
+
+
+# e5 on Chinese only (the collection English analysis fails on; ~100 s of CI): Russian with e5
+# (.963 hybrid) is measured by benchmarks/eval_languages.py for the README's table
+@pytest.fixture(scope="module", params=["xquad-zh"])
+def e5(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
+    """multilingual-e5-small, ingested in the collection's language."""
+    name = request.param
+    dataset = ev.load_beir(collection_dir(name))
+    embedder = get_embedder(Settings.from_env(), "e5-multilingual")
+    scores = Scores()
+    started = time.perf_counter()
+    with ev.throwaway_database(admin_url, language=LANGUAGES[name]) as url:
+        collection = ev.ingest_collection(url, dataset, embedder)
+        _score(collection, LANGUAGES[name], scores, ("hybrid", "lexical"))
+    scores.seconds = time.perf_counter() - started
+    _report(name, "multilingual-e5-small", scores)
+    return name, scores
+
+
+def test_lexical_arm_in_the_language(minilm: tuple[str, Scores]) -> None:
+    name, scores = minilm
+    language = LANGUAGES[name]
+    assert scores.arms[f"{language} lexical"] >= 0.94
+    # what english made of it (issue 24: .854 Russian, .118 Chinese)
+    assert scores.arms[f"{language} lexical"] > scores.arms["english lexical"] + 0.05
+    assert scores.arms["recount corrected"] == 0
+
+
+def test_english_model_switched_off_is_never_worse_than_lexical(minilm: tuple[str, Scores]) -> None:
+    name, scores = minilm
+    language = LANGUAGES[name]
+    assert (
+        scores.arms[f"{language} hybrid, vector off"] >= scores.arms[f"{language} lexical"] - 0.01
+    )
+
+
+def test_multilingual_model_hybrid(e5: tuple[str, Scores]) -> None:
+    name, scores = e5
+    language = LANGUAGES[name]
+    assert scores.arms[f"{language} lexical"] >= 0.94
+    assert scores.arms[f"{language} hybrid"] >= 0.955
+    assert scores.arms[f"{language} hybrid"] >= scores.arms[f"{language} lexical"] - 0.01
+
+
+def test_english_control_unchanged(admin_url: str) -> None:
+    """xquad-en in english with MiniLM, as before languages existed (reference BM25 .971)."""
+    dataset = ev.load_beir(collection_dir("xquad-en"))
+    embedder = get_embedder(Settings.from_env(), "minilm")
+    scores = Scores()
+    started = time.perf_counter()
+    with ev.throwaway_database(admin_url) as url:
+        collection = ev.ingest_collection(url, dataset, embedder)
+        _score(collection, "english", scores, ("hybrid", "lexical"))
+    scores.seconds = time.perf_counter() - started
+    _report("xquad-en", "all-MiniLM-L6-v2", scores)
+    assert scores.arms["english lexical"] >= 0.96
+    assert scores.arms["english hybrid"] >= scores.arms["english lexical"] - 0.01
