@@ -21,6 +21,7 @@ from kbpg.errors import (
     first_line,
     from_psycopg,
 )
+from kbpg.store.language import change_language
 
 VERSION_TABLE = "kbpg_alembic_version"
 CONNECT_TIMEOUT_S = 5
@@ -221,10 +222,13 @@ def require_schema(conn: psycopg.Connection[Any]) -> SchemaStatus:
 FIRST_USE_LOCK_KEY = 0x6B627068
 
 
-def create_schema_if_missing(conn: psycopg.Connection[Any], url: str) -> bool:
+def create_schema_if_missing(
+    conn: psycopg.Connection[Any], url: str, language: str | None = None
+) -> bool:
     """Migrate to head a database with no kbpg schema at all (the embedded server's, on first
-    use); True when it did. Concurrent first uses: one migrates, the others wait for it. A
-    database at another revision is left alone (its upgrade is for `kbpg db upgrade`)."""
+    use), in `language` when given (KBPG_LANGUAGE); True when it did. Concurrent first uses: one
+    migrates, the others wait for it. A database at another revision is left alone (its upgrade
+    is for `kbpg db upgrade`)."""
     if schema_status(conn).current is not None:
         return False
     with translate_errors():
@@ -233,6 +237,10 @@ def create_schema_if_missing(conn: psycopg.Connection[Any], url: str) -> bool:
         if schema_status(conn).current is not None:
             return False
         upgrade(url)
+        if language is not None:
+            # an empty knowledge base: nothing to re-analyse
+            with translate_errors(), conn.transaction():
+                change_language(conn, language)
         return True
     finally:
         with translate_errors():

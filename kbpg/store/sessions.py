@@ -101,7 +101,7 @@ class Database:
         # Fails fast when the database is down (a pool would keep retrying until its timeout).
         probe = kdb.connect(self.url, autocommit=True)
         try:
-            if embedded and kdb.create_schema_if_missing(probe, self.url):
+            if embedded and kdb.create_schema_if_missing(probe, self.url, settings.language):
                 log.info("created kbpg's schema in the embedded database (first use)")
                 kdb.register_types(probe)  # pgvector's types exist now
         except BaseException:

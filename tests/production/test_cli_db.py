@@ -176,6 +176,18 @@ def test_first_use_of_the_embedded_server_creates_the_schema(kbpg_home: Path) ->
     assert run_kbpg("db", "current", env=env).stdout.strip() == kdb.head_revision()
 
 
+def test_first_use_of_the_embedded_server_takes_kbpg_language(kbpg_home: Path) -> None:
+    """KBPG_LANGUAGE on a fresh KBPG_HOME: the schema is created in that language, so ingest
+    neither stops at "KBPG_LANGUAGE is german, but this knowledge base is in english" nor needs
+    `kbpg db upgrade --language`."""
+    env = clean_env(KBPG_HOME=str(kbpg_home), KBPG_LANGUAGE="german")
+    ingest = run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=env)
+    assert ingest.returncode == 0, ingest.stderr
+    assert "this knowledge base is in english" not in ingest.stderr
+    stats = json.loads(run_kbpg("stats", "--json", env=env).stdout)
+    assert (stats["language"], stats["documents"]) == ("german", 5)
+
+
 def test_a_database_of_your_own_is_never_migrated_by_ingest(new_database) -> None:
     env = clean_env(KBPG_DATABASE_URL=new_database(migrated=False))
     ingest = run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=env)
