@@ -3,7 +3,7 @@ kbpg's own evaluation, with the knowledge base's language set.
 
 Each collection is 240 paragraphs and 1,190 questions. With all-MiniLM-L6-v2 (English only) the
 collection is ingested once in `english` (today's analysis, reported), then switched to its
-language with kb.set_language on the same data; with multilingual-e5-small (Chinese) it is
+language with kb.set_language on the same data; with multilingual-e5-small it is
 ingested in its language (e5 embeds ~4 passages a second here: the bulk of the time this module
 adds to CI).
 """
@@ -102,9 +102,7 @@ def minilm(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]
     return name, scores
 
 
-# e5 on Chinese only (the collection English analysis fails on; ~100 s of CI): Russian with e5
-# (.963 hybrid) is measured by benchmarks/eval_languages.py for the README's table
-@pytest.fixture(scope="module", params=["xquad-zh"])
+@pytest.fixture(scope="module", params=["xquad-ru", "xquad-zh"])
 def e5(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
     """multilingual-e5-small, ingested in the collection's language."""
     name = request.param
