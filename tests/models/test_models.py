@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import socket
-import time
 from collections.abc import Iterator
 
 import pytest
@@ -142,16 +141,16 @@ def test_wrong_key_is_refused_without_retry(server: ModelServer) -> None:
 
 
 def test_slow_server_times_out_within_the_budget(server: ModelServer) -> None:
-    server.script = ["slow", "slow"]
-    # margins for a loaded machine: the first attempt may overrun its 0.6 s by ~0.35 s and the
-    # second still starts (it failed once with 0.3 s in a 0.5 s budget)
+    # a server that would answer only after a minute: the call returns at all because the
+    # budget ends it (no wall-clock assertion: the attempt count shows the budget at work)
+    server.slow_s = 60.0
+    server.script = ["slow", "slow", "slow", "slow"]
     client = http(server.api_url, timeout_s=0.6, budget_s=1.0, retries=3)
-    started = time.perf_counter()
-    with pytest.raises(ModelError, match="ReadTimeout"):
+    with pytest.raises(ModelError, match=r"failed after [12] attempts? \(ReadTimeout"):
         ApiReranker(client, "m").rerank(QUERY, DOCS)
-    elapsed = time.perf_counter() - started
-    assert elapsed < 1.45  # the server sleeps 1.5 s a request; the budget is 1.0 s
-    assert server.calls["/api/rerank"] == 2  # 0.6 s, back-off, then the ~0.39 s left
+    # retries=3 allows four; the 1.0 s budget leaves room for one 0.6 s attempt and, if the
+    # back-off fits, a shorter second one
+    assert server.calls["/api/rerank"] in (1, 2)
 
 
 def test_nothing_listening_is_a_connect_error() -> None:
