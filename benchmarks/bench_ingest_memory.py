@@ -20,6 +20,12 @@ finishes (its baseline is the model's constant; the slope should be the stub run
 
     python benchmarks/bench_ingest_memory.py                          # 50 MB, stub vectors
     python benchmarks/bench_ingest_memory.py --mb 4 --embedder minilm # the real model
+    python benchmarks/bench_ingest_memory.py --shape headings --mb 4  # structure, not size
+
+`--shape` measures the structures that cost more than their bytes: a Markdown file of only
+headings (markdown-it's tokens, ~4 a line, were ~400 bytes per byte: 1.2 MB took 557 MB), a
+heading and a word per section (a section and a chunk each), one long list, HTML nested as
+deep as the size allows (BeautifulSoup's tree: 8.8 MB took 979 MB) and flat HTML paragraphs.
 """
 
 from __future__ import annotations
@@ -118,6 +124,42 @@ def write_prose(path: Path, megabytes: float, seed: int) -> int:
     return path.stat().st_size
 
 
+def write_shape(path: Path, shape: str, megabytes: float, seed: int) -> int:
+    """A file of the given shape, about `megabytes` large: the structures that cost a parser or
+    the chunker more than their bytes (`prose` is write_prose)."""
+    if shape == "prose":
+        return write_prose(path, megabytes, seed)
+    target = int(megabytes * 1_000_000)
+    with path.open("w", encoding="utf-8") as out:
+        written = 0
+        i = 0
+        if shape == "nested-html":
+            depth = max(1, (target - 100) // 11)  # "<div>" + "</div>"
+            out.write("<html><body>" + "<div>" * depth + "<p>Treasure at the bottom.</p>")
+            out.write("</div>" * depth + "</body></html>")
+        else:
+            unit = {
+                "headings": "# h\n",  # nothing but headings: no text to index at all
+                "tiny-sections": "# h{i}\nword{i}\n",  # a section per heading, a word each
+                "list": "- item {i}\n",  # one list, no blank line: no place to cut it
+                "flat-html": "<p>para {i}</p>\n",
+            }[shape]
+            if shape == "flat-html":
+                out.write("<html><body>\n")
+            while written < target:
+                line = unit.format(i=i)
+                out.write(line)
+                written += len(line)
+                i += 1
+            if shape == "flat-html":
+                out.write("</body></html>\n")
+    return path.stat().st_size
+
+
+SUFFIX = {"prose": ".txt", "headings": ".md", "tiny-sections": ".md", "list": ".md",
+          "nested-html": ".html", "flat-html": ".html"}  # fmt: skip
+
+
 class _StubEmbeddings(BaseHTTPRequestHandler):
     """`POST /v1/embeddings`: a unit 384-d vector per text, seeded by the text's CRC."""
 
@@ -154,9 +196,13 @@ def ingest(source: Path, env: dict[str, str]) -> tuple[float, float, dict[str, A
         child.wait()
         raise
     elapsed = time.perf_counter() - started
-    if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"kbpg ingest exited {os.waitstatus_to_exitcode(status)}")
-    return usage.ru_maxrss * 1024 / 1e6, elapsed, json.loads(output)  # Linux reports KiB
+    code = os.waitstatus_to_exitcode(status)
+    summary = json.loads(output) if output.strip() else {}
+    if code != 0 and not summary.get("failures"):
+        raise SystemExit(f"kbpg ingest exited {code}")
+    for failure in summary.get("failures", []):  # refused (e.g. no text to index): measured too
+        print(f"  refused: {failure['reason']}", flush=True)
+    return usage.ru_maxrss * 1024 / 1e6, elapsed, summary  # Linux reports KiB
 
 
 def main() -> None:
@@ -170,6 +216,14 @@ def main() -> None:
     )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--embedder", choices=["stub", "minilm"], default="stub")
+    parser.add_argument(
+        "--shape",
+        choices=list(SUFFIX),
+        default="prose",
+        help="the file's structure: prose (.txt), Markdown of only headings, of a heading and a "
+        "word per section, one long list, HTML nested as deep as the size allows, or flat "
+        "HTML paragraphs",
+    )
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))  # run finally
 
@@ -194,21 +248,23 @@ def main() -> None:
                 KBPG_OPENAI_MODEL="stub-384",
             )
         print(f"embedder: {args.embedder}", flush=True)
-        small = home / "small.txt"
-        small_size = write_prose(small, args.baseline_mb, args.seed + 1)
+        small = home / ("small" + SUFFIX[args.shape])
+        small_size = write_shape(small, args.shape, args.baseline_mb, args.seed + 1)
         base_mb, _, base = ingest(small, env)
         print(
-            f"baseline: {small_size:,} bytes, {base['chunks']:,} chunks, peak RSS {base_mb:,.0f} MB"
+            f"baseline: {small_size:,} bytes, {base.get('chunks', 0):,} chunks,"
+            f" peak RSS {base_mb:,.0f} MB"
         )
-        source = home / "big.txt"
-        size = write_prose(source, args.mb, args.seed)
-        print(f"text file: {size:,} bytes ({size / 1e6:.1f} MB)", flush=True)
+        source = home / ("big" + SUFFIX[args.shape])
+        size = write_shape(source, args.shape, args.mb, args.seed)
+        print(f"{args.shape} file: {size:,} bytes ({size / 1e6:.1f} MB)", flush=True)
         peak_mb, elapsed, summary = ingest(source, env)
+        seconds = summary.get("seconds", {})
         print(
-            f"chunks: {summary['chunks']:,} in {elapsed:.0f} s "
-            f"(prepare {summary['seconds']['prepare']:.0f} s, "
-            f"embedding {summary['seconds']['embedding']:.0f} s, "
-            f"database {summary['seconds']['database']:.0f} s)"
+            f"chunks: {summary.get('chunks', 0):,} in {elapsed:.0f} s "
+            f"(prepare {seconds.get('prepare', 0):.0f} s, "
+            f"embedding {seconds.get('embedding', 0):.0f} s, "
+            f"database {seconds.get('database', 0):.0f} s)"
         )
         print(
             f"peak RSS of kbpg ingest: {peak_mb:,.0f} MB "

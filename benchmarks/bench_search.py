@@ -286,7 +286,7 @@ def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
             [*git, "show", f"{rev}:{name}"], capture_output=True, text=True, check=True
         ).stdout
         for name in sorted(names)
-        if re.match(r"sql/0[1-7]0-", name)
+        if re.match(r"sql/0[1-7]\d-", name)
     ]
     defined = set(re.findall(r"create or replace function kb\.(\w+)", "\n".join(texts)))
     calls = re.compile(r"\bkb\.(" + "|".join(sorted(defined, key=len, reverse=True)) + r")\b")

@@ -42,10 +42,12 @@ def _env_bool(name: str, default: bool) -> bool:
     raise ConfigError(f"{name}={raw!r} is not a boolean", hint="use true or false")
 
 
-def _env_int(name: str, default: int, minimum: int = 1) -> int:
+def _env_int(name: str, default: int, minimum: int = 1, maximum: int | None = None) -> int:
     value = _env_number(name, default, int, "an integer")
     if value < minimum:
         raise ConfigError(f"{name}={value} must be at least {minimum}")
+    if maximum is not None and value > maximum:
+        raise ConfigError(f"{name}={value} must be at most {maximum}")
     return int(value)
 
 
@@ -217,6 +219,7 @@ class ModelSettings:
             connect_timeout_s=_env_float("KBPG_MODEL_CONNECT_TIMEOUT", 3.0),
             retries=_env_int("KBPG_MODEL_RETRIES", 1, minimum=0),
             expand=_env_bool("KBPG_EXPAND", False),
-            expand_count=_env_int("KBPG_EXPAND_COUNT", 3),
+            # each paraphrase is one more scan of the vector index: kb.search takes at most 8
+            expand_count=_env_int("KBPG_EXPAND_COUNT", 3, maximum=8),
             contextual=_env_bool("KBPG_CONTEXTUAL", False),
         )

@@ -70,6 +70,11 @@ class PermissionDenied(KbpgError):
     """The role a call runs as lacks a privilege (SQLSTATE 42501)."""
 
 
+class RoleUnavailable(PermissionDenied):
+    """The role a call is to run as cannot be used: it does not exist, or the connecting login
+    role may not SET ROLE to it (a server's configuration, not the caller's request)."""
+
+
 class ReadOnlyDatabase(KbpgError):
     """A write reached a read-only server, typically a hot standby (SQLSTATE 25006)."""
 

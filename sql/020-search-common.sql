@@ -10,9 +10,11 @@ create or replace function kb._chunk_filter_sql(
     groups_param text,
     category_param text,
     labels_param text,
+    visible_param text,
     filter_groups text[],
     filter_category text,
-    filter_labels text[]
+    filter_labels text[],
+    visible_groups text[]
 )
 returns text
 language sql
@@ -27,17 +29,23 @@ return concat_ws(' and ', 'true',
     case when filter_category is not null
          then format('%I.category operator(pg_catalog.=) %s', chunk_alias, category_param) end,
     case when coalesce(cardinality(filter_labels), 0) > 0
-         then format('%I.labels operator(pg_catalog.@>) %s', chunk_alias, labels_param) end);
-comment on function kb._chunk_filter_sql(text, text, text, text, text[], text, text[]) is
+         then format('%I.labels operator(pg_catalog.@>) %s', chunk_alias, labels_param) end,
+    -- the caller's visibility (kb._access_visibility(): NULL reads everything)
+    case when visible_groups is not null
+         then format('(%1$I.groups operator(pg_catalog.=) ''{}''::text[] or %1$I.groups operator(pg_catalog.&&) %2$s)',
+                     chunk_alias, visible_param) end);
+comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], text, text[], text[]) is
     'The WHERE predicate (for EXECUTE ... USING) that applies the groups/category/labels '
-    'filters to a kb.chunks alias; only the filters actually given appear, so the planner '
-    'sees a plain indexable predicate.';
+    'filters and the caller''s visibility (chunks without groups, or sharing one of '
+    'visible_groups; none when NULL) to a kb.chunks alias; only the filters actually given '
+    'appear, so the planner sees a plain indexable predicate.';
 
 create or replace function kb._filtered_rows_estimate(
-    filter_sql text,
     filter_groups text[],
     filter_category text,
-    filter_labels text[]
+    filter_labels text[],
+    visible_groups text[],
+    also_sql text default null
 )
 returns bigint
 language plpgsql
@@ -59,19 +67,22 @@ declare
     -- about 256 of the table's pages, the same ones every time (~1 ms; counting the rows of a
     -- 1% filter at 1M chunks read 2,600 pages: 14 ms, and a 0.5% sample 2,000: 10 ms)
     share constant double precision := least(100, 25600 / pages);
+    filter_sql constant text := kb._chunk_filter_sql(
+        'c', '$1', '$2', '$3', '$4', filter_groups, filter_category, filter_labels, visible_groups);
     sampled bigint;
 begin
+    -- also_sql: a condition of the caller's own, a constant of kbpg's code (never input)
     execute format('select pg_catalog.count(*) from kb.chunks c tablesample system (%s) repeatable (0) '
-                   'where %s', share, filter_sql)
+                   'where %s and %s', share, filter_sql, coalesce(also_sql, 'true'))
        into sampled
-      using filter_groups, filter_category, filter_labels;
+      using filter_groups, filter_category, filter_labels, visible_groups;
     return pg_catalog.round(sampled * 100 / share);
 end
 $$;
-comment on function kb._filtered_rows_estimate(text, text[], text, text[]) is
-    'An estimate of how many chunks a filter predicate (kb._chunk_filter_sql, parameters $1-$3) '
-    'keeps, from a fixed sample of about 256 of the table''s pages (all of a small table): for '
-    'choosing a path, never a result.';
+comment on function kb._filtered_rows_estimate(text[], text, text[], text[], text) is
+    'An estimate of how many chunks the filters and the caller''s visibility (see '
+    'kb._chunk_filter_sql) keep, and also_sql when given, from a fixed sample of about 256 of '
+    'the table''s pages (all of a small table): for choosing a path, never a result.';
 
 create or replace function kb._chunk_matches_filters(
     chunk_groups text[],
@@ -159,3 +170,23 @@ end
 $$;
 comment on function kb._check_max_per_doc(integer) is
     'Raise SQLSTATE 22023 unless max_per_doc is NULL (no cap) or >= 1.';
+
+create or replace function kb._check_filter_lists(groups text[], labels text[])
+returns void
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- each listed name is an index lookup on every arm
+    if coalesce(cardinality(groups), 0) > 1000 or coalesce(cardinality(labels), 0) > 1000 then
+        raise exception 'a filter lists % groups and % labels, over the limit of 1000 each',
+                coalesce(cardinality(groups), 0), coalesce(cardinality(labels), 0)
+            using errcode = 'KB003', hint = 'filter by at most 1000 groups and 1000 labels';
+    end if;
+end
+$$;
+comment on function kb._check_filter_lists(text[], text[]) is
+    'Raise SQLSTATE KB003 (query cost bound) when a groups or labels filter lists over 1000 names.';

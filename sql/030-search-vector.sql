@@ -23,6 +23,7 @@ create or replace function kb._search_vector(
     min_similarity double precision,
     extra_embeddings @extschema:vector@.vector[],
     keep_filtered boolean,
+    visible_groups text[],
     out chunk_ids bigint[],
     out document_ids bigint[],
     out distances double precision[],
@@ -40,7 +41,8 @@ as $$
 #variable_conflict use_column
 declare
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', _search_vector.groups, _search_vector.category, _search_vector.labels);
+        'c', '$1', '$2', '$3', '$9', _search_vector.groups, _search_vector.category,
+        _search_vector.labels, _search_vector.visible_groups);
     -- {q} stands for a query embedding: $8 (the only one), e.q (one index scan each) or $4[i]
     exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
     order_sql text;
@@ -60,6 +62,16 @@ begin
         raise exception 'min_similarity must be between -1 and 1, got %',
                 coalesce(_search_vector.min_similarity::text, 'NULL')
             using errcode = '22023', hint = 'cosine similarity floors are in [-1, 1]; 0.30 is the default';
+    end if;
+    perform kb._check_filter_lists(_search_vector.groups, _search_vector.labels);
+    -- the cost bound: each extra embedding is one more scan of the vector index (1,000 of them
+    -- held a backend a minute)
+    if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 8 then
+        raise exception 'extra_embeddings holds % vectors, over the limit of 8',
+                cardinality(_search_vector.extra_embeddings)
+            using errcode = 'KB003',
+                  hint = 'each extra embedding (a paraphrase of the question) is one more scan of '
+                         'the vector index: pass at most 8';
     end if;
     if _search_vector.query_embedding is null then
         if coalesce(cardinality(_search_vector.extra_embeddings), 0) > 0 then
@@ -94,7 +106,7 @@ begin
         else exact_sql end;
     if space_layout = 'binary' then
         candidates := _search_vector.match_count * coalesce(
-            nullif(pg_catalog.current_setting('kb.vector_rerank_factor', true), '')::integer, 16);
+            kb._tuning('kb.vector_rerank_factor', 1, 32)::integer, 16);
     end if;
     perform pg_catalog.set_config('hnsw.ef_search',
         least(1000, greatest(40, 8 * _search_vector.match_count, candidates))::text, true);
@@ -107,13 +119,13 @@ begin
     if filter_sql <> 'true'
        and not pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass) then
         -- kb.vector_exact_limit overrides the crossover (tests force either path with it)
-        select coalesce(nullif(pg_catalog.current_setting('kb.vector_exact_limit', true), '')::bigint,
+        select coalesce(kb._tuning('kb.vector_exact_limit', 0, 100000),
                         greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
           into exact_limit from kb.corpus_stats s;
         -- estimated (counting the rows of a 1% filter at 1M chunks took 14 ms of its 100)
         filtered_rows := kb._filtered_rows_estimate(
-            filter_sql || ' and c.embedding is not null',
-            _search_vector.groups, _search_vector.category, _search_vector.labels);
+            _search_vector.groups, _search_vector.category, _search_vector.labels,
+            _search_vector.visible_groups, also_sql => 'c.embedding is not null');
         if filtered_rows < exact_limit then
             -- the filtered rows sorted exactly, read once: keep_filtered also returns their
             -- ids (those without an embedding too), which the lexical arm then masks its
@@ -139,7 +151,8 @@ begin
                into chunk_ids, document_ids, distances, filtered_ids
               using _search_vector.groups, _search_vector.category, _search_vector.labels,
                     embeddings, _search_vector.match_count, _search_vector.min_similarity,
-                    _search_vector.keep_filtered, _search_vector.query_embedding;
+                    _search_vector.keep_filtered, _search_vector.query_embedding,
+                    _search_vector.visible_groups;
             filtered_ids := coalesce(filtered_ids, case when _search_vector.keep_filtered then '{}'::bigint[] end);
             return;
         end if;
@@ -168,13 +181,14 @@ begin
        into chunk_ids, document_ids, distances
       using _search_vector.groups, _search_vector.category, _search_vector.labels,
             embeddings, _search_vector.match_count, _search_vector.min_similarity, candidates,
-            _search_vector.query_embedding;
+            _search_vector.query_embedding, _search_vector.visible_groups;
 end
 $$;
-comment on function kb._search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[], boolean) is
+comment on function kb._search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[], boolean, text[]) is
     'The vector arm (kb.search_vector) as arrays, best first: chunk ids, their documents and '
-    'cosine distances. keep_filtered: with filters selective enough for the exact path, also '
-    'the ids of every chunk the filters keep (else NULL). Internal to kb.search_vector and kb.search.';
+    'cosine distances, among the chunks visible_groups lets the caller read (NULL: all). '
+    'keep_filtered: with filters selective enough for the exact path, also the ids of every '
+    'chunk the filters keep (else NULL). Internal to kb.search_vector and kb.search.';
 
 create or replace function kb.search_vector(
     query_embedding @extschema:vector@.vector,
@@ -194,12 +208,14 @@ returns table (
 )
 language sql
 stable
-security invoker
+-- a reader's way in: the owner's rights, the caller's grants (sql/015)
+security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 begin atomic
     select u.ord::integer, u.id, u.doc, 1 - u.distance, 1 - u.distance
       from kb._search_vector(query_embedding, match_count, groups, category, labels,
-                             min_similarity, extra_embeddings, false) v
+                             min_similarity, extra_embeddings, false, kb._access_visibility()) v
      cross join lateral unnest(v.chunk_ids, v.document_ids, v.distances)
            with ordinality as u(id, doc, distance, ord)
      order by u.ord;
@@ -207,6 +223,7 @@ end;
 comment on function kb.search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[]) is
     'Vector arm: top match_count chunks by cosine similarity (score = similarity = 1 - cosine '
     'distance) at or above min_similarity, filters applied inside the HNSW scan (iterative '
-    'scan) or, for very selective filters, by an exact scan. NULL embedding: no rows. '
+    'scan) or, for very selective filters, by an exact scan; only chunks the caller may read. '
+    'NULL embedding: no rows. '
     'extra_embeddings (e.g. paraphrases of the question): one scan each, a chunk ranked by its '
     'best similarity to any of them.';

@@ -232,7 +232,8 @@ create or replace function kb._bm25_rank(
     filter_groups text[] default null,
     filter_category text default null,
     filter_labels text[] default null,
-    filter_first boolean default false
+    filter_first boolean default false,
+    visible_groups text[] default null
 )
 returns table (rank integer, chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
@@ -242,7 +243,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', filter_groups, filter_category, filter_labels);
+        'c', '$1', '$2', '$3', '$11', filter_groups, filter_category, filter_labels, visible_groups);
     -- filter_first: the filters keep few chunks, so match the terms on those rows rather than
     -- AND a GIN bitmap of every chunk holding a frequent term (coalesce hides @@ from GIN)
     source_sql constant text := case
@@ -261,10 +262,11 @@ begin
         source_sql, filter_sql,
         case when excluded is null then '' else 'and not c.tsv operator(pg_catalog.@@) $7' end)
     using filter_groups, filter_category, filter_labels, terms, idfs, avgdl, excluded,
-          kb._lexemes_tsquery(terms), candidate_ids, limit_count;
+          kb._lexemes_tsquery(terms), candidate_ids, limit_count, visible_groups;
 end
 $$;
-comment on function kb._bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean) is
+comment on function kb._bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, text[]) is
     'Exact BM25 ranking of chunks (all chunks matching any term when candidate_ids is NULL, else '
-    'those candidates), filtered (filter_first: read the filtered rows first), best limit_count '
-    'first (ties by chunk id), ranked from 1. Internal to the lexical arm.';
+    'those candidates), filtered (filter_first: read the filtered rows first) and among those '
+    'visible_groups lets the caller read (NULL: all), best limit_count first (ties by chunk '
+    'id), ranked from 1. Internal to the lexical arm.';

@@ -194,7 +194,8 @@ create or replace function kb._search_lexical(
     groups text[],
     category text,
     labels text[],
-    filtered_ids bigint[]
+    filtered_ids bigint[],
+    visible_groups text[]
 )
 returns table (
     rank integer,
@@ -229,8 +230,10 @@ declare
     exhaustive_limit bigint;
     exhaustive boolean;
     filter_first boolean := false;
+    -- the caller's filters (the caller's visibility is applied apart: below)
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', _search_lexical.groups, _search_lexical.category, _search_lexical.labels);
+        'c', '$1', '$2', '$3', '$4', _search_lexical.groups, _search_lexical.category,
+        _search_lexical.labels, null);
     filtered_rows bigint;
     filtered_limit bigint;
     mask_limit bigint;
@@ -261,8 +264,13 @@ declare
     -- terms and small queries go through the impact cache too, whose rows are split by
     -- visibility class, so its sums hold only the chunks this role may read
     rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    -- a reader's call (kb._access_visibility()): the impact cache, split by visibility class
+    -- while access control is enforced, sums only the classes it may read, and every chunk
+    -- read otherwise (past the watermark, pending, rare terms) is rescored under its visibility
+    restricted constant boolean := _search_lexical.visible_groups is not null;
 begin
     perform kb._check_match_count(_search_lexical.match_count);
+    perform kb._check_filter_lists(_search_lexical.groups, _search_lexical.labels);
     select * into qt from kb._query_terms(_search_lexical.query_text);
     select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
       into n_chunks, avgdl from kb.corpus_stats s;
@@ -302,17 +310,17 @@ begin
     -- below this many postings exact scoring from the tsvector (~8 us a row) beats summing
     -- every block (~0.4 ms a block); kb.lexical_exhaustive_limit overrides it (tests)
     exhaustive_limit := coalesce(
-        nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
+        kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
         300 + 40 * cached_blocks);
 
     -- exact scoring straight from the tsvector when it reads few rows (or with no usable cache)
-    exhaustive := state.watermark = 0 or (rls and not state.split_by_groups)
+    exhaustive := state.watermark = 0 or ((rls or restricted) and not state.split_by_groups)
                   or (df_total <= exhaustive_limit and not rls);
     if not exhaustive and filter_sql <> 'true' and not rls then
         -- a selective filter hides most cached candidates (k / selectivity of them would be
         -- rescored): below a few thousand chunks, score the filtered chunks directly
         filtered_limit := coalesce(
-            nullif(pg_catalog.current_setting('kb.lexical_exhaustive_limit', true), '')::bigint,
+            kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
             greatest(exhaustive_limit, 5000));
         -- up to 5% of the chunks (at least 20,000): a penalty per block, 0 where the filter
         -- keeps the chunk and 1e9 where it drops it, subtracted from the block sums, so the
@@ -324,7 +332,7 @@ begin
         -- unchanged; a subtraction, as pgvector's multiplication checks every product for
         -- underflow (96 us a block against 10)
         mask_limit := coalesce(
-            nullif(pg_catalog.current_setting('kb.lexical_mask_limit', true), '')::bigint,
+            kb._tuning('kb.lexical_mask_limit', 0, 200000),
             greatest(20000, n_chunks / 20));
         -- the filtered chunks' ids when the caller read them (kb.search, from the vector arm's
         -- exact path): counted, and the mask built from them, without reading them again
@@ -332,8 +340,8 @@ begin
             filtered_rows := cardinality(_search_lexical.filtered_ids);
             estimated_rows := filtered_rows;
         else
-            estimated_rows := kb._filtered_rows_estimate(filter_sql, _search_lexical.groups,
-                                                         _search_lexical.category, _search_lexical.labels);
+            estimated_rows := kb._filtered_rows_estimate(_search_lexical.groups, _search_lexical.category,
+                                                         _search_lexical.labels, null);
         end if;
         -- few (scored directly, below) or many (an unselective filter hides few candidates:
         -- the loop below copes): counted up to filtered_limit
@@ -425,6 +433,9 @@ begin
                -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
                and (not state.split_by_groups or coalesce(cardinality(_search_lexical.groups), 0) = 0
                     or b.groups operator(pg_catalog.&&) _search_lexical.groups)
+               -- a reader's call: the classes it may read (the cache is split: see exhaustive)
+               and (not restricted or b.groups = '{}'
+                    or b.groups operator(pg_catalog.&&) _search_lexical.visible_groups)
                -- masked: only the blocks holding chunks the filters keep
                and (not masked or b.block_no = any (mask_nos))
              group by b.block_no
@@ -505,6 +516,8 @@ begin
                        cross join lateral kb._bm25_score(c.tsv, c.token_count, terms, idfs, avgdl) s
                       where filter_sql = 'true'
                         and c.id = any (candidate_ids || extra_ids)
+                        and (not restricted or c.groups = '{}'
+                             or c.groups operator(pg_catalog.&&) _search_lexical.visible_groups)
                         and c.tsv @@ all_terms
                         and (excluded is null or not c.tsv @@ excluded)
                       order by s.score desc, c.id
@@ -513,7 +526,8 @@ begin
                     select r.chunk_id, r.document_id, r.score
                       from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
                                          _search_lexical.match_count, _search_lexical.groups,
-                                         _search_lexical.category, _search_lexical.labels) r
+                                         _search_lexical.category, _search_lexical.labels,
+                                         visible_groups => _search_lexical.visible_groups) r
                      where filter_sql <> 'true') b;
 
             -- exact once the k-th score beats every chunk left below theta (float32 slack)
@@ -538,7 +552,8 @@ begin
         return query select * from kb._bm25_rank(terms, idfs, avgdl, excluded, null,
                                                  _search_lexical.match_count, _search_lexical.groups,
                                                  _search_lexical.category, _search_lexical.labels,
-                                                 filter_first => filter_first);
+                                                 filter_first => filter_first,
+                                                 visible_groups => _search_lexical.visible_groups);
         return;
     end if;
     return query select u.ord::integer, u.id, u.doc, u.sc
@@ -546,9 +561,10 @@ begin
                         with ordinality as u(id, doc, sc, ord);
 end
 $$;
-comment on function kb._search_lexical(text, integer, text[], text, text[], bigint[]) is
-    'The lexical arm (kb.search_lexical); filtered_ids: the ids of every chunk the filters keep, '
-    'when the caller has read them (else NULL). Internal to kb.search_lexical and kb.search.';
+comment on function kb._search_lexical(text, integer, text[], text, text[], bigint[], text[]) is
+    'The lexical arm (kb.search_lexical) over the chunks visible_groups lets the caller read '
+    '(NULL: all); filtered_ids: the ids of every chunk the filters keep, when the caller has '
+    'read them (else NULL). Internal to kb.search_lexical and kb.search.';
 
 create or replace function kb.search_lexical(
     query_text text,
@@ -565,16 +581,19 @@ returns table (
 )
 language sql
 stable
-security invoker
+-- a reader's way in: the owner's rights, the caller's grants (sql/015)
+security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 begin atomic
     select l.rank, l.chunk_id, l.document_id, l.score
-      from kb._search_lexical(query_text, match_count, groups, category, labels, null) l;
+      from kb._search_lexical(query_text, match_count, groups, category, labels, null,
+                              kb._access_visibility()) l;
 end;
 comment on function kb.search_lexical(text, integer, text[], text, text[]) is
     'Lexical arm: exact Okapi BM25 (k1 1.2, b 0.75) top match_count chunks for a '
     'websearch_to_tsquery query in the knowledge base''s language (kb.language) with OR '
-    'semantics, filters applied; fast on '
+    'semantics, filters applied, among the chunks the caller may read; fast on '
     'frequent terms through the kb.lexical_blocks impact cache, exact whatever its age. Cost '
     'bound: at most 100,000 characters and 64 excluded words (else SQLSTATE KB003); the 64 '
     'rarest distinct terms the corpus holds are scored.';

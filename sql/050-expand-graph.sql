@@ -4,22 +4,24 @@
 -- separately (src via the primary key, dst via edges_dst): one recursive CTE that OR-ed both
 -- ends in its join was measured ~400x slower. Cycle-safe and linear in what it reads: a chunk
 -- is expanded again only when its best score improved (at most max_depth times), bounded in
--- depth, in fan-out (the 32 heaviest edges per chunk and direction) and per level (the 10,000
--- best-scoring chunks a level improves).
+-- depth, in fan-out (the 32 heaviest edges per chunk and direction), per level (the 10,000
+-- best-scoring chunks a level improves) and in all (at most 1,000 seeds, else SQLSTATE KB003,
+-- and 2,000 chunks expanded over the walk, the best-scoring first).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
--- Access control is different: under row-level security (kb.access_enable) an edge is
--- visible only when both its chunks are, so no path enters or crosses a chunk the caller
--- may not read.
+-- Access control is different: an edge is visible only when both its chunks are (the
+-- caller may read them: kb._access_visibility()), so no path starts at, enters or crosses a
+-- chunk the caller may not read, and hidden edges take no place in the fan-out.
 
-create or replace function kb.expand_graph(
+create or replace function kb._expand_graph(
     seed_chunk_ids bigint[],
-    max_depth integer default 1,
-    max_returned integer default 3,
-    min_score double precision default 0.5,
-    groups text[] default null,
-    category text default null,
-    labels text[] default null
+    max_depth integer,
+    max_returned integer,
+    min_score double precision,
+    groups text[],
+    category text,
+    labels text[],
+    visible_groups text[]
 )
 returns table (
     rank integer,
@@ -43,33 +45,60 @@ declare
     frontier_ids bigint[];
     frontier_scores double precision[];
     frontier_via bigint[];
+    restricted constant boolean := _expand_graph.visible_groups is not null;
+    -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
+    -- on a graph of 64 edges a chunk, 1,000 seeds read 64,000 edges a level, 10-17 s, before
+    -- this bound); kb.graph_walk_budget lowers it (tests), and only the owner may raise it
+    budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 2000), 2000);
+    expanded integer := 0;
 begin
-    if expand_graph.max_depth is null or expand_graph.max_depth not between 1 and 5 then
-        raise exception 'max_depth must be between 1 and 5, got %', coalesce(expand_graph.max_depth::text, 'NULL')
+    if _expand_graph.max_depth is null or _expand_graph.max_depth not between 1 and 5 then
+        raise exception 'max_depth must be between 1 and 5, got %', coalesce(_expand_graph.max_depth::text, 'NULL')
             using errcode = '22023', hint = 'the graph arm walks 1 hop by default';
     end if;
-    if expand_graph.max_returned is null or expand_graph.max_returned not between 0 and 1000 then
-        raise exception 'max_returned must be between 0 and 1000, got %', coalesce(expand_graph.max_returned::text, 'NULL')
+    if _expand_graph.max_returned is null or _expand_graph.max_returned not between 0 and 1000 then
+        raise exception 'max_returned must be between 0 and 1000, got %', coalesce(_expand_graph.max_returned::text, 'NULL')
             using errcode = '22023', hint = 'the graph arm returns at most 3 chunks by default';
     end if;
-    if expand_graph.min_score is null or expand_graph.min_score not between 0 and 1 then
-        raise exception 'min_score must be between 0 and 1, got %', coalesce(expand_graph.min_score::text, 'NULL')
+    if _expand_graph.min_score is null or _expand_graph.min_score not between 0 and 1 then
+        raise exception 'min_score must be between 0 and 1, got %', coalesce(_expand_graph.min_score::text, 'NULL')
             using errcode = '22023', hint = 'path scores are products of edge weights in [0, 1]';
     end if;
-    if coalesce(cardinality(expand_graph.seed_chunk_ids), 0) = 0 or expand_graph.max_returned = 0 then
+    -- the cost bound: seeds and chunks expanded (each reads up to 64 edges)
+    if cardinality(_expand_graph.seed_chunk_ids) > 1000 then
+        raise exception 'the graph walk starts from % seed chunks, over the limit of 1000',
+                cardinality(_expand_graph.seed_chunk_ids)
+            using errcode = 'KB003', hint = 'walk from at most 1000 chunks (kb.search passes its vector or lexical hits)';
+    end if;
+    perform kb._check_filter_lists(_expand_graph.groups, _expand_graph.labels);
+    if coalesce(cardinality(_expand_graph.seed_chunk_ids), 0) = 0 or _expand_graph.max_returned = 0 then
         return;
     end if;
     -- level by level (Bellman-Ford bounded by the depth): a chunk is expanded again only when
     -- its best score improved, so each level reads at most 64 edges per chunk reached; the
     -- recursive CTE of 0.1.0 followed every path (a 70-chunk clique at depth 4: 10 s)
+    -- seeds the caller may not read start nothing
     select array_agg(s.id), array_agg(1.0::float8), array_agg(0), array_agg(null::bigint)
       into best_ids, best_scores, best_hops, best_via
-      from (select distinct x.id from pg_catalog.unnest(expand_graph.seed_chunk_ids) as x(id)
-             where x.id is not null) s;
+      from (select distinct x.id from pg_catalog.unnest(_expand_graph.seed_chunk_ids) as x(id)
+             where x.id is not null
+               and (not restricted
+                    or exists (select 1 from kb.chunks c
+                                where c.id = x.id
+                                  and (c.groups = '{}'
+                                       or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))) s;
     frontier_ids := best_ids;
     frontier_scores := best_scores;
-    for hop in 1..expand_graph.max_depth loop
-        exit when coalesce(cardinality(frontier_ids), 0) = 0;
+    for hop in 1.._expand_graph.max_depth loop
+        exit when coalesce(cardinality(frontier_ids), 0) = 0 or expanded >= budget;
+        -- the walk's budget: the best-scoring chunks of the frontier, as many as it has left
+        if cardinality(frontier_ids) > budget - expanded then
+            select array_agg(f.id order by f.score desc, f.id), array_agg(f.score order by f.score desc, f.id)
+              into frontier_ids, frontier_scores
+              from (select u.id, u.score from unnest(frontier_ids, frontier_scores) as u(id, score)
+                     order by u.score desc, u.id limit budget - expanded) f;
+        end if;
+        expanded := expanded + cardinality(frontier_ids);
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
         -- best-scoring chunks when a level would reach more
@@ -83,13 +112,19 @@ begin
                           cross join lateral (
                               (select e.dst_chunk_id as next_id, e.weight::float8 as weight
                                  from kb.edges e where e.src_chunk_id = f.id
+                                  and (not restricted or exists (
+                                          select 1 from kb.chunks c where c.id = e.dst_chunk_id
+                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
                                 order by e.weight desc limit 32)
                               union all
                               (select e.src_chunk_id, e.weight::float8
                                  from kb.edges e where e.dst_chunk_id = f.id
+                                  and (not restricted or exists (
+                                          select 1 from kb.chunks c where c.id = e.src_chunk_id
+                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
                                 order by e.weight desc limit 32)
                           ) n
-                         where f.score * n.weight >= expand_graph.min_score
+                         where f.score * n.weight >= _expand_graph.min_score
                          order by n.next_id, f.score * n.weight desc, f.id) c
                   left join unnest(best_ids, best_scores) as b(id, score) on b.id = c.next_id
                  where b.id is null or c.score > b.score
@@ -110,14 +145,47 @@ begin
            b.id, c.document_id, b.score, b.hops, b.via
       from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
       join kb.chunks c on c.id = b.id
-     where b.hops > 0 and b.id <> all (expand_graph.seed_chunk_ids)
+     where b.hops > 0 and b.id <> all (_expand_graph.seed_chunk_ids)
        and kb._chunk_matches_filters(c.groups, c.category, c.labels,
-                                     expand_graph.groups, expand_graph.category, expand_graph.labels)
+                                     _expand_graph.groups, _expand_graph.category, _expand_graph.labels)
      order by b.score desc, b.hops, b.id
-     limit expand_graph.max_returned;
+     limit _expand_graph.max_returned;
 end
 $$;
+comment on function kb._expand_graph(bigint[], integer, integer, double precision, text[], text, text[], text[]) is
+    'The graph arm (kb.expand_graph) over the edges whose both chunks visible_groups lets the '
+    'caller read (NULL: all). Internal to kb.expand_graph and kb.search.';
+
+create or replace function kb.expand_graph(
+    seed_chunk_ids bigint[],
+    max_depth integer default 1,
+    max_returned integer default 3,
+    min_score double precision default 0.5,
+    groups text[] default null,
+    category text default null,
+    labels text[] default null
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    document_id bigint,
+    score double precision,
+    depth integer,
+    via_chunk_id bigint
+)
+language sql
+stable
+-- a reader's way in: the owner's rights, the caller's grants (sql/015)
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+begin atomic
+    select g.rank, g.chunk_id, g.document_id, g.score, g.depth, g.via_chunk_id
+      from kb._expand_graph(seed_chunk_ids, max_depth, max_returned, min_score, groups, category,
+                            labels, kb._access_visibility()) g;
+end;
 comment on function kb.expand_graph(bigint[], integer, integer, double precision, text[], text, text[]) is
     'Graph arm: chunks within max_depth hops of the seeds over kb.edges (both directions), '
     'scored by the product of edge weights, at least min_score, best max_returned first, '
-    'filtered; returns the hop count and the chunk each was reached from.';
+    'filtered; returns the hop count and the chunk each was reached from. Only edges between '
+    'chunks the caller may read are walked.';

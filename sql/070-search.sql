@@ -56,11 +56,16 @@ returns table (
 )
 language plpgsql
 stable
-security invoker
+-- a reader's way in: the owner's rights, the caller's grants (sql/015); caller input reaches
+-- SQL only as parameters, and the messages of the statements inside stay inside
+security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 as $$
 #variable_conflict use_column
 declare
+    -- what the caller may read (NULL: everything), for every arm
+    visible constant text[] := kb._access_visibility();
     has_text constant boolean := search.query_text is not null and pg_catalog.btrim(search.query_text) <> '';
     pool integer;
     vector_ids bigint[] := '{}';
@@ -105,14 +110,15 @@ begin
         select coalesce(v.chunk_ids, '{}'), v.filtered_ids into vector_ids, filtered_ids
           from kb._search_vector(search.query_embedding, pool, search.groups, search.category,
                                  search.labels, search.min_similarity, search.extra_embeddings,
-                                 keep_filtered => search.use_lexical and has_text) v;
+                                 keep_filtered => search.use_lexical and has_text,
+                                 visible_groups => visible) v;
     end if;
 
     if search.use_lexical and has_text then
         begin
             select coalesce(array_agg(l.chunk_id order by l.rank), '{}') into lexical_ids
               from kb._search_lexical(search.query_text, pool, search.groups, search.category,
-                                      search.labels, filtered_ids) l;
+                                      search.labels, filtered_ids, visible) l;
         exception when others then
             -- a query over the cost bound (KB003) is the caller's to fix, not a broken arm
             if sqlstate = 'KB003' then
@@ -126,10 +132,10 @@ begin
 
     if search.use_graph then
         select coalesce(array_agg(g.chunk_id order by g.rank), '{}') into graph_ids
-          from kb.expand_graph(case when cardinality(vector_ids) > 0 then vector_ids else lexical_ids end,
-                               search.graph_max_depth, search.graph_max_returned,
-                               search.graph_min_score, search.groups, search.category,
-                               search.labels) g;
+          from kb._expand_graph(case when cardinality(vector_ids) > 0 then vector_ids else lexical_ids end,
+                                search.graph_max_depth, search.graph_max_returned,
+                                search.graph_min_score, search.groups, search.category,
+                                search.labels, visible) g;
     end if;
 
     vector_only := cardinality(lexical_ids) = 0 and cardinality(graph_ids) = 0;
@@ -167,4 +173,4 @@ comment on function kb.search(text, @extschema:vector@.vector, integer, text[], 
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. NULL '
     'embedding: lexical (+ graph) only. extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '
-    'uncapped and uncut, for a reranker. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';
+    'uncapped and uncut, for a reranker. A reader finds only the chunks it may read. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';

@@ -1,18 +1,24 @@
--- kbpg: access control — which role reads which group's chunks, enforced by PostgreSQL's
--- row-level security under the caller's own role (every kb function is security invoker).
+-- kbpg: access control — which role reads which group's chunks.
+--
+-- A reader role has no privilege on kb's tables: it reads through the functions granted to it
+-- (kb._access_reader_api()), which run with their owner's rights and apply the caller's grants
+-- (sql/015: the caller is the role of SET ROLE, else the login role). Writers (and the owner)
+-- keep table access, under row-level security policies that give them every row; the policies
+-- also keep hidden rows from any other role a DBA grants SELECT by hand, but row-level
+-- security alone is no boundary against SQL (EXPLAIN ANALYZE counts the rows a policy drops).
 --
 --   select kb.access_setup();                        -- NOLOGIN reader + writer roles, granted
 --   grant kbpg_reader to alice;                      -- alice may search ...
 --   select kb.grant_groups('alice', array['hr']);    -- ... and read group hr once enforced
 --   select kb.access_enable();                       -- turn enforcement on (table owner)
 --
--- Visibility (the policies are in migration 0005): a chunk or document with no groups is
--- public; otherwise a role sees it when it may use (pg_has_role 'USAGE') a role granted one
--- of its groups, or the writer role; table owners and superusers bypass row-level security.
--- An edge is visible when both its chunks are. The BM25 impact cache keeps one row per
--- visibility class while enforced, under the same policy. Corpus statistics (chunk count,
--- average length, document frequencies) stay global, as in every engine with document-level
--- security: they move scores by a few percent and expose word counts, never a chunk.
+-- Visibility, once enforced: a chunk or document with no groups is public; otherwise a role
+-- sees it when it may use (pg_has_role 'USAGE') a role granted one of its groups, or the
+-- writer role; the tables' owner and superusers see everything. An edge is visible when both
+-- its chunks are. The BM25 impact cache keeps one row per visibility class while enforced, so
+-- a reader's sums hold only what it may read. Corpus statistics (chunk count, average length,
+-- document frequencies) stay global, as in every engine with document-level security: they
+-- move scores by a few percent; readers see counts, never the words.
 
 create or replace function kb._access_tables()
 returns regclass[]
@@ -36,6 +42,25 @@ return (select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chu
 comment on function kb._access_enforced() is
     'True while row-level security is on for kb.chunks (kb.access_enable()).';
 
+create or replace function kb._access_reader_api()
+returns regprocedure[]
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- by name: the signatures are the sql/ files' (a name absent here is no reader's to call)
+return array(select p.oid::pg_catalog.regprocedure
+               from pg_catalog.pg_proc p
+              where p.pronamespace = 'kb'::pg_catalog.regnamespace
+                and p.proname = any (array['search', 'search_vector', 'search_lexical',
+                                           'expand_graph', 'fuse_rrf', 'cap_per_document',
+                                           'list_documents', 'get_document', 'get_chunk',
+                                           'get_embedding_space', 'stats', 'list_grants',
+                                           'access_status'])
+              order by 1);
+comment on function kb._access_reader_api() is
+    'The functions the reader role may execute: everything a reader reads goes through them.';
+
 create or replace function kb._access_apply_grants()
 returns void
 language plpgsql
@@ -46,17 +71,32 @@ as $$
 declare
     s kb.access_settings;
     t text;
+    f regprocedure;
+    col record;
     version_table regclass;
 begin
     select * into s from kb.access_settings;
+    -- SECURITY DEFINER functions run with the owner's rights: only the roles granted them below
+    -- (and the owner) may call them, whoever else may reach schema kb
+    for f in select p.oid::regprocedure from pg_catalog.pg_proc p
+              where p.pronamespace = 'kb'::regnamespace and p.prosecdef loop
+        execute format('revoke execute on function %s from public', f);
+    end loop;
     if s.reader_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)) is not null then
         execute format('grant usage on schema kb to %I', s.reader_role);
-        execute format('grant execute on all functions in schema kb to %I', s.reader_role);
-        -- what the search functions read; chunk_links/chunk_entities (ingest's) are not granted
-        foreach t in array array['documents', 'chunks', 'edges', 'embedding_space', 'language', 'corpus_stats',
-                                 'lexeme_stats', 'lexical_blocks', 'lexical_state',
-                                 'lexical_pending', 'access_grants', 'access_settings'] loop
-            execute format('grant select on kb.%I to %I', t, s.reader_role);
+        -- no table, column or sequence privilege at all (0.2's readers had SELECT under
+        -- row-level security, which EXPLAIN ANALYZE saw through): only the reader API
+        execute format('revoke all on all tables in schema kb from %I', s.reader_role);
+        execute format('revoke all on all sequences in schema kb from %I', s.reader_role);
+        for col in select a.attrelid::regclass as rel, a.attname
+                     from pg_catalog.pg_attribute a
+                     join pg_catalog.pg_class c on c.oid = a.attrelid
+                    where c.relnamespace = 'kb'::regnamespace and a.attacl is not null loop
+            execute format('revoke all (%I) on %s from %I', col.attname, col.rel, s.reader_role);
+        end loop;
+        execute format('revoke execute on all functions in schema kb from %I', s.reader_role);
+        foreach f in array kb._access_reader_api() loop
+            execute format('grant execute on function %s to %I', f, s.reader_role);
         end loop;
     end if;
     if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
@@ -65,9 +105,10 @@ begin
         execute format('grant select, insert, update, delete on all tables in schema kb to %I',
                        s.writer_role);
         execute format('grant usage, select on all sequences in schema kb to %I', s.writer_role);
-        -- a writer ingests; it does not decide who reads what
-        execute format('revoke insert, update, delete on kb.access_grants, kb.access_settings from %I',
-                       s.writer_role);
+        -- a writer ingests; it does not decide who reads what, nor the language (only
+        -- kb.set_language, the owner's, changes it: it re-analyses every chunk with it)
+        execute format('revoke insert, update, delete, truncate on kb.access_grants, kb.access_settings, '
+                       'kb.language from %I', s.writer_role);
     end if;
     -- kbpg checks the schema version before it searches or writes
     select c.oid::regclass into version_table
@@ -85,7 +126,8 @@ begin
 end
 $$;
 comment on function kb._access_apply_grants() is
-    'Grant the recorded reader role what searching reads and the writer role what ingest writes '
+    'Grant the recorded reader role the reader API (kb._access_reader_api(); no table at all) '
+    'and the writer role what ingest writes; SECURITY DEFINER functions lose PUBLIC''s EXECUTE '
     '(re-run whenever the sql/ files are applied, so new tables and functions are covered).';
 
 create or replace function kb.access_setup(
@@ -184,18 +226,35 @@ comment on function kb.revoke_groups(text, text[]) is
 
 create or replace function kb.list_grants(role_name text default null)
 returns table (role text, group_name text, granted_at timestamptz)
-language sql
+language plpgsql
 stable
-security invoker
+-- a reader's way in: the owner's rights, the caller's grants (sql/015)
+security definer
 set search_path = pg_catalog, pg_temp
-begin atomic
+set client_min_messages = notice
+as $$
+#variable_conflict use_column
+declare
+    caller constant oid := kb._access_caller();
+    -- the owner (and superusers) see every grant; anyone else those of the roles it may use
+    sees_all constant boolean := coalesce(
+        (select r.rolsuper from pg_catalog.pg_roles r where r.oid = caller), false)
+        or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
+                                                     where c.oid = 'kb.access_grants'::pg_catalog.regclass),
+                                           'USAGE'), false);
+begin
+    return query
     select a.role, a.group_name, a.granted_at
       from kb.access_grants a
-     where list_grants.role_name is null or a.role = list_grants.role_name
+     where (list_grants.role_name is null or a.role = list_grants.role_name)
+       and (sees_all or coalesce(pg_catalog.pg_has_role(
+                caller, pg_catalog.to_regrole(pg_catalog.quote_ident(a.role)), 'USAGE'), false))
      order by a.role, a.group_name;
-end;
+end
+$$;
 comment on function kb.list_grants(text) is
-    'The group grants (a reader sees its own; the owner sees all), optionally for one role.';
+    'The group grants (a reader sees its own and those of the roles it may use; the owner sees '
+    'all), optionally for one role.';
 
 create or replace function kb.access_status()
 returns table (
@@ -210,8 +269,9 @@ returns table (
 )
 language sql
 stable
-security invoker
+security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 begin atomic
     select kb._access_enforced(),
            (select pg_catalog.count(*) filter (where c.relrowsecurity)::integer
@@ -219,14 +279,14 @@ begin atomic
            pg_catalog.cardinality(kb._access_tables()),
            s.reader_role, s.writer_role,
            (select l.split_by_groups from kb.lexical_state l),
-           (select coalesce(pg_catalog.array_agg(g order by g), '{}')
-              from pg_catalog.unnest(kb._access_visible_groups()) as g),
-           kb._access_reads_all()
+           kb._access_groups_of(kb._access_caller()),
+           kb._access_reads_all_as(kb._access_caller())
       from kb.access_settings s;
 end;
 comment on function kb.access_status() is
     'Whether access control is enforced (and on how many of its tables), the reader and writer '
-    'roles, whether the lexical cache is split by groups, and what the current role may read.';
+    'roles, whether the lexical cache is split by groups, and what the calling role may read '
+    '(its groups; reads_all: every group).';
 
 create or replace function kb._access_set(enforce boolean)
 returns boolean
@@ -276,8 +336,8 @@ security invoker
 set search_path = pg_catalog, pg_temp
 return kb._access_set(false);
 comment on function kb.access_disable() is
-    'Stop enforcing access control: every role with SELECT sees every chunk again (grants are '
-    'kept). Run by the tables'' owner.';
+    'Stop enforcing access control: every reader sees every chunk again (grants are kept). Run '
+    'by the tables'' owner.';
 
 -- On every apply: keep the recorded roles' grants complete (new tables, new functions); on the
 -- first apply by a role that may create roles, create them with the default names.
@@ -291,6 +351,8 @@ begin
     elsif (select a.rolsuper or a.rolcreaterole from pg_catalog.pg_roles a where a.rolname = current_user) then
         perform kb.access_setup();
     else
+        -- no roles yet: SECURITY DEFINER functions still lose PUBLIC's EXECUTE
+        perform kb._access_apply_grants();
         raise notice 'kbpg: access control roles not created (% lacks CREATEROLE)', current_user
             using hint = 'a DBA runs: select kb.access_setup();  (kbpg access setup)';
     end if;

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -58,13 +59,30 @@ class AppContext:
         return KnowledgeBase(settings=self.settings, pool_size=1, embedder_name=embedder)
 
 
+def _not_utf8(value: Any) -> bool:
+    """An argument the shell passed as bytes that are not UTF-8 (Python keeps them as lone
+    surrogates, which nothing downstream can encode)."""
+    if isinstance(value, str | os.PathLike):
+        return any("\udc80" <= ch <= "\udcff" for ch in os.fspath(value))
+    if isinstance(value, tuple | list):
+        return any(_not_utf8(v) for v in value)
+    return False
+
+
 def handle_errors(func: F) -> F:
-    """Turn KbpgError into `Error: ...` plus a hint on stderr, exit 1; no traceback."""
+    """Turn KbpgError into `Error: ...` plus a hint on stderr, exit 1; no traceback. An argument
+    that is not UTF-8 is a usage error (exit 2), before the command runs."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         ctx = click.get_current_context()
         debug = isinstance(ctx.obj, AppContext) and ctx.obj.debug
+        for name, value in kwargs.items():
+            if _not_utf8(value):
+                param = next((p for p in ctx.command.params if p.name == name), None)
+                raise click.BadParameter(
+                    "not valid UTF-8 (kbpg reads arguments as UTF-8 text)", ctx, param
+                )
         try:
             return func(*args, **kwargs)
         except KbpgError as exc:

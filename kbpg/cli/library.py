@@ -65,6 +65,14 @@ def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:
         raise click.BadParameter(exc.message) from None
 
 
+def _names_option(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """--group / --label / --category: names, never blank (a typo must not change who reads)."""
+    for name in (value,) if isinstance(value, str) else value or ():
+        if not name.strip():
+            raise click.BadParameter(f"{name!r} is blank; give a name")
+    return value
+
+
 def _index_progress(event: Any) -> None:
     click.echo(("\r\x1b[K" if sys.stderr.isatty() else "") + event.describe(), err=True)
 
@@ -89,9 +97,25 @@ def _summary_line(summary: Any) -> str:
 
 @click.command()
 @click.argument("paths", nargs=-1, required=True, type=click.Path(path_type=Path))
-@click.option("--group", "groups", multiple=True, metavar="G", help="Add group G (repeatable).")
-@click.option("--category", metavar="C", help="Category for documents that name none.")
-@click.option("--label", "labels", multiple=True, metavar="L", help="Add label L (repeatable).")
+@click.option(
+    "--group",
+    "groups",
+    multiple=True,
+    metavar="G",
+    callback=_names_option,
+    help="Add group G (repeatable).",
+)
+@click.option(
+    "--category", metavar="C", callback=_names_option, help="Category for documents that name none."
+)
+@click.option(
+    "--label",
+    "labels",
+    multiple=True,
+    metavar="L",
+    callback=_names_option,
+    help="Add label L (repeatable).",
+)
 @click.option("-r", "--recursive", is_flag=True, help="Descend into subdirectories.")
 @click.option("--glob", metavar="PATTERN", help="Only files matching PATTERN (e.g. '*.md').")
 @click.option("--prune", is_flag=True, help="Remove documents whose files under PATHS are gone.")
@@ -190,6 +214,8 @@ def ingest(
     if sys.stderr.isatty():
         click.echo("\r\x1b[K", nl=False, err=True)
     click.echo(_summary_line(summary), err=True)
+    for warning in summary.warnings:
+        click.echo(f"Warning: {warning}", err=True)
     if as_json:
         click.echo(json.dumps(summary.as_dict(), indent=2))
     if summary.failed:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 import sys
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from kbpg.cli.common import (
 )
 from kbpg.config import CLI_DEFAULT_TOP
 from kbpg.errors import InvalidInput, KbpgError
+from kbpg.ingest.sources import printable
 from kbpg.search.request import OPTIONS, TUNING_OPTIONS
 
 
@@ -313,6 +315,32 @@ def serve(
     )
 
 
+def _append_line(path: Path, line: str) -> None:
+    """Append `line` to a tokens file on a line of its own (a file whose last line has no
+    newline got the new entry glued to it: one invalid line, and a server that would not
+    start); only a regular file (created 0600 when missing)."""
+    where = printable(str(path))
+    hint = "give a regular file this user may write (created when missing)"
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError as exc:
+        raise KbpgError(
+            f"cannot write the tokens file {where}: {exc.strerror}", hint=hint
+        ) from None
+    try:
+        size = os.fstat(fd)
+        if not stat.S_ISREG(size.st_mode):
+            raise KbpgError(f"the tokens file {where} is not a regular file", hint=hint)
+        glued = size.st_size > 0 and os.pread(fd, 1, size.st_size - 1) != b"\n"
+        os.write(fd, (("\n" if glued else "") + line + "\n").encode())
+    except OSError as exc:
+        raise KbpgError(
+            f"cannot write the tokens file {where}: {exc.strerror}", hint=hint
+        ) from None
+    finally:
+        os.close(fd)
+
+
 @click.group()
 def token() -> None:
     """API tokens for `kbpg serve --tokens-file`: each maps to a database role."""
@@ -340,10 +368,8 @@ def token_new(role: str, path: Path | None, comment: str) -> None:
     if path is None:
         click.echo(line, err=True)
     else:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
-        with os.fdopen(fd, "a", encoding="utf-8") as out:
-            out.write(line + "\n")
-        click.echo(f"added a token for role {role} to {path}", err=True)
+        _append_line(path, line)
+        click.echo(f"added a token for role {role} to {printable(str(path))}", err=True)
     click.echo(secret)
 
 

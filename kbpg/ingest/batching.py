@@ -11,7 +11,7 @@ import numpy as np
 
 from kbpg.errors import IngestError, InvalidInput
 from kbpg.ingest.contextual import ContextTally, contexts_for_document
-from kbpg.ingest.document import Document, LoadFailure
+from kbpg.ingest.document import Document, LoadFailure, check_filters
 from kbpg.ingest.prepare import (
     PreparedDocument,
     chunk_entities,
@@ -90,8 +90,19 @@ class BatchPreparer:
             if isinstance(item, LoadFailure):
                 yield PreparedBatch(failures=[item])
                 continue
+            try:
+                check_filters(item, item.where)
+            except IngestError as exc:
+                message = exc.message.removeprefix(f"{item.where}: ")
+                yield PreparedBatch(failures=[LoadFailure(item.where, message)])
+                continue
             if item.source in self.seen:
-                duplicate = LoadFailure(item.source, "duplicate source in this ingest; skipped")
+                duplicate = LoadFailure(
+                    item.where,
+                    f"duplicate source {item.source!r} in this ingest; skipped"
+                    if item.origin
+                    else "duplicate source in this ingest; skipped",
+                )
                 yield PreparedBatch(failures=[duplicate])
                 continue
             self.seen.add(item.source)
@@ -123,13 +134,14 @@ class BatchPreparer:
             try:
                 item = prepare_document(document, digest, self.embedder)
             except IngestError as exc:
-                out.failures.append(LoadFailure(document.source, exc.message))
+                message = exc.message.removeprefix(f"{document.where}: ")
+                out.failures.append(LoadFailure(document.where, message))
                 continue
             except Exception as exc:  # whatever chunking raises fails this document only
-                out.failures.append(LoadFailure(document.source, f"{type(exc).__name__}: {exc}"))
+                out.failures.append(LoadFailure(document.where, f"{type(exc).__name__}: {exc}"))
                 continue
             if not item.chunks:
-                out.failures.append(LoadFailure(document.source, "no text to index"))
+                out.failures.append(LoadFailure(document.where, "no text to index"))
                 continue
             item.document_id = old[0] if old is not None else None
             item.is_new = old is None

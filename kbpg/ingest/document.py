@@ -12,7 +12,7 @@ import numpy.typing as npt
 
 from kbpg.errors import IngestError
 from kbpg.ingest.chunking import Section
-from kbpg.ingest.limits import check_name
+from kbpg.ingest.limits import check_filter_name
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,12 @@ class Document:
     # a precomputed embedding (JSONL `embedding`): the document is then one chunk with this vector
     # (compared through the content hash, which covers it)
     embedding: npt.NDArray[np.float32] | None = field(default=None, compare=False, repr=False)
+    # where it was read, for messages (a JSONL record: PATH:LINE; else its source)
+    origin: str | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def where(self) -> str:
+        return self.origin or self.source
 
     def section_list(self) -> tuple[Section, ...]:
         if self.sections is not None:
@@ -50,6 +56,8 @@ class LoadFailure:
 
 
 def string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
+    """Groups or labels: a list of names or one comma-separated string; null or [] for none.
+    A blank name anywhere ("", " ", "a,,b") is refused, never dropped."""
     if value is None:
         return ()
     if isinstance(value, str):
@@ -60,15 +68,32 @@ def string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
         items = [str(v).strip() for v in value]
     else:
         raise IngestError(f"{where}: `{key}` must be a list of strings")
-    return tuple(check_name(v, f"`{key}` value", where) for v in items if v)
+    return tuple(check_filter_name(v, f"`{key}` value", where) for v in items)
 
 
 def category_of(value: Any, where: str) -> str | None:
-    if value is None or value == "":
+    """A category name, None for none (null or absent); a blank one is refused."""
+    if value is None:
         return None
     if not isinstance(value, str | int) or isinstance(value, bool):
         raise IngestError(f"{where}: `category` must be a string")
-    return check_name(str(value).strip(), "`category`", where) or None
+    return check_filter_name(str(value).strip(), "`category`", where)
+
+
+def check_filters(document: Document, where: str) -> None:
+    """A document's groups, labels and category (from any source: files, JSONL, the Python
+    API, table sources): names, never blank (IngestError naming `where`)."""
+    for key, values in (("groups", document.groups), ("labels", document.labels)):
+        if isinstance(values, str):
+            raise IngestError(f"{where}: `{key}` must be a list of strings, not a string")
+        for value in values:
+            if not isinstance(value, str):
+                raise IngestError(f"{where}: `{key}` must be a list of strings")
+            check_filter_name(value, f"`{key}` value", where)
+    if document.category is not None:
+        if not isinstance(document.category, str):
+            raise IngestError(f"{where}: `category` must be a string")
+        check_filter_name(document.category, "`category`", where)
 
 
 def failure_of(exc: Exception, where: str, *, record: bool = False) -> LoadFailure:

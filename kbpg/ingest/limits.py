@@ -48,6 +48,16 @@ def check_name(value: str, what: str, where: str) -> str:
     return value
 
 
+def check_filter_name(value: str, what: str, where: str) -> str:
+    """A group, label or category: a name as check_name wants it, never blank. A blank group
+    (`groups: [""]`) used to vanish, leaving the document public: a typo must never do that."""
+    if not value.strip():
+        raise IngestError(
+            f"{where}: {what} {value!r} is blank; give a name (or leave it out: no groups is public)"
+        )
+    return check_name(value, what, where)
+
+
 def check_not_binary(text: str, where: str) -> None:
     """Refuse text that is mostly control characters (a binary file with a text file's name)."""
     sample = text[:CONTROL_SAMPLE]

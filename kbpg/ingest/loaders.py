@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import functools
+import logging
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
 
 from kbpg.errors import IngestError
-from kbpg.ingest.chunking import Link, Section
+from kbpg.ingest.chunking import Section
 from kbpg.ingest.document import Document, LoadFailure, category_of, failure_of, string_list
+from kbpg.ingest.html import html_sections, html_text, html_title
 from kbpg.ingest.limits import (
     BINARY_SNIFF_BYTES,
     DEFAULT_MAX_FILE_BYTES,
@@ -26,6 +26,7 @@ from kbpg.ingest.limits import (
     yaml_loader,
 )
 from kbpg.ingest.records import iter_jsonl
+from kbpg.ingest.sections import SectionBuilder
 
 TEXT_SUFFIXES = frozenset({".txt", ".text"})
 MARKDOWN_SUFFIXES = frozenset({".md", ".markdown"})
@@ -55,82 +56,6 @@ def _read_text(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> str:
     del data
     check_not_binary(text, str(path))
     return clean_text(text)
-
-
-def resolve_link(href: str, base: Path, own_source: str) -> Link | None:
-    """A relative link to another file (or a #fragment of this one) as a Link; None if external."""
-    parts = urlsplit(href.strip())
-    if parts.scheme or parts.netloc or href.startswith("//"):
-        return None
-    fragment = unquote(parts.fragment)
-    if not parts.path:
-        return Link(0, own_source, fragment) if fragment else None
-    target = (base.parent / unquote(parts.path)).resolve()
-    return Link(0, str(target), fragment)
-
-
-class _SectionBuilder:
-    """Collects plain text under a heading path while a parser walks a document."""
-
-    def __init__(self, title: str, base: Path, source: str) -> None:
-        self.title = title
-        self.base = base
-        self.source = source
-        self.headings: list[tuple[int, str]] = []
-        self.sections: list[Section] = []
-        self._parts: list[str] = []
-        self._length = 0
-        self._links: list[Link] = []
-
-    def _tail(self) -> str:
-        return self._parts[-1][-2:] if self._parts else ""
-
-    def text(self, value: str, *, preformatted: bool = False) -> None:
-        if not preformatted:
-            value = re.sub(r"\s+", " ", value)
-            if not self._parts or self._tail().endswith("\n"):
-                value = value.lstrip()
-        if value:
-            self._parts.append(value)
-            self._length += len(value)
-
-    def newline(self) -> None:
-        if self._parts and not self._tail().endswith("\n"):
-            self._parts.append("\n")
-            self._length += 1
-
-    def block(self) -> None:
-        if self._parts and self._tail() != "\n\n":
-            add = "\n" if self._tail().endswith("\n") else "\n\n"
-            self._parts.append(add)
-            self._length += len(add)
-
-    def link(self, href: str) -> None:
-        link = resolve_link(href, self.base, self.source)
-        if link is not None:
-            self._links.append(Link(self._length, link.target, link.fragment))
-
-    def path(self) -> tuple[str, ...]:
-        names = [text for _, text in self.headings if text]
-        if not names or names[0] != self.title:
-            names.insert(0, self.title)
-        return tuple(names)
-
-    def flush(self) -> None:
-        text = "".join(self._parts)
-        if text.strip():
-            self.sections.append(Section(self.path(), text, tuple(self._links)))
-        self._parts, self._length, self._links = [], 0, []
-
-    def heading(self, level: int, text: str) -> None:
-        self.flush()
-        while self.headings and self.headings[-1][0] >= level:
-            self.headings.pop()
-        self.headings.append((level, re.sub(r"\s+", " ", text).strip()))
-
-    def finish(self) -> tuple[Section, ...]:
-        self.flush()
-        return tuple(self.sections)
 
 
 def _document(
@@ -205,7 +130,7 @@ def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
     return {str(k): v for k, v in data.items()}, text[match.end() :]
 
 
-def _markdown_inline(children: Sequence[Any], builder: _SectionBuilder | None) -> str:
+def _markdown_inline(children: Sequence[Any], builder: SectionBuilder | None) -> str:
     """Plain text of an inline token's children; links are recorded on the builder."""
     out: list[str] = []
     for child in children:
@@ -221,48 +146,148 @@ def _markdown_inline(children: Sequence[Any], builder: _SectionBuilder | None) -
     return "".join(out)
 
 
+# markdown-it keeps every token of what it parses (~4 a line, ~2 kB), so a long file is parsed a
+# piece of about this many lines at a time (1.2 MB of "# h" lines held 557 MB in one parse)
+MARKDOWN_PIECE_LINES = 2_000
+_FENCE = re.compile(r" {0,3}(`{3,}|~{3,})")
+_ATX = re.compile(r"#{1,6}(?:[ \t]|$)")
+# CommonMark HTML blocks that run over blank lines (kinds 1-5), and what ends each
+_HTML_SPANNING = [
+    (re.compile(r" {0,3}<(?:script|pre|style|textarea)(?:\s|>|$)", re.I),
+     re.compile(r"</(?:script|pre|style|textarea)>", re.I)),
+    (re.compile(r" {0,3}<!--"), re.compile(r"-->")),
+    (re.compile(r" {0,3}<\?"), re.compile(r"\?>")),
+    (re.compile(r" {0,3}<![A-Za-z]"), re.compile(r">")),
+    (re.compile(r" {0,3}<!\[CDATA\["), re.compile(r"\]\]>")),
+]  # fmt: skip
+_REFERENCE = re.compile(r"^ {0,3}\[(?:[^\]\\\n]|\\.)+\]:.*(?:\n[ \t]+\S.*)?$", re.M)
+
+
+def markdown_pieces(body: str, lines: int = MARKDOWN_PIECE_LINES) -> Iterator[str]:
+    """`body` in pieces of about `lines` lines that parse as the whole does: cut only before a
+    line at column 0 that starts a block at the top level (after a blank line, or an ATX heading
+    after one), never inside a fenced code block or an HTML block that spans blank lines. A piece
+    with no such place (one long list) is cut at any column-0 line past 8x the size: a list or
+    paragraph cut there reads as two, with the same text."""
+    start = pos = count = 0
+    fence: tuple[str, int] | None = None  # the open fence's character and length
+    html_end: re.Pattern[str] | None = None
+    fresh = True  # the previous line was blank (or a heading after one): a block may start
+    while pos < len(body):
+        end = body.find("\n", pos)
+        end = len(body) if end < 0 else end + 1
+        line = body[pos:end].rstrip("\r\n")
+        if (
+            count >= lines
+            and fence is None
+            and html_end is None
+            and line[:1].strip()
+            and (fresh or count >= 8 * lines)
+        ):
+            yield body[start:pos]
+            start, count = pos, 0
+        blank = not line.strip()
+        if fence is not None:
+            closing = _FENCE.match(line)
+            if (
+                closing
+                and closing.group(1)[0] == fence[0]
+                and len(closing.group(1)) >= fence[1]
+                and not line[closing.end() :].strip()
+            ):
+                fence = None
+            fresh = False
+        elif html_end is not None:
+            if html_end.search(line):
+                html_end = None
+            fresh = False
+        else:
+            opened = _FENCE.match(line)
+            if opened:
+                fence = (opened.group(1)[0], len(opened.group(1)))
+            else:
+                for begin, finish in _HTML_SPANNING:
+                    found = begin.match(line)
+                    if found:
+                        if not finish.search(line, found.end()):
+                            html_end = finish
+                        break
+            fresh = blank or (fresh and bool(_ATX.match(line)))
+        count += 1
+        pos = end
+    if start < len(body):
+        yield body[start:]
+
+
+def _markdown_token_lists(md: Any, body: str) -> Iterator[list[Any]]:
+    """The tokens of `body`, a piece at a time (one list for a short file). Link reference
+    definitions (`[id]: url`) are read from the whole body first: a piece's links to a
+    definition in another piece still resolve."""
+    if body.count("\n") <= MARKDOWN_PIECE_LINES:
+        yield md.parse(body)
+        return
+    env: dict[str, Any] = {}
+    definitions = "\n\n".join(m.group(0) for m in _REFERENCE.finditer(body))
+    if definitions:
+        md.parse(definitions, env)
+    for piece in markdown_pieces(body, MARKDOWN_PIECE_LINES):
+        yield md.parse(piece, env)
+
+
+def _markdown_h1(tokens: Sequence[Any]) -> str:
+    for index, token in enumerate(tokens):
+        if token.type == "heading_open" and token.tag == "h1":
+            return _markdown_inline(tokens[index + 1].children or [], None).strip()
+    return ""
+
+
 def load_markdown(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     from markdown_it import MarkdownIt
 
     raw = _read_text(path, max_bytes)
     front, body = split_front_matter(raw, str(path))
-    tokens = MarkdownIt("commonmark").enable("table").parse(body)
+    del raw
+    md = MarkdownIt("commonmark").enable("table")
     title = str(front.get("title") or "").strip()
+    first: list[Any] | None = None  # a short file's tokens, parsed once for both passes
     if not title:
-        for index, token in enumerate(tokens):
-            if token.type == "heading_open" and token.tag == "h1":
-                title = _markdown_inline(tokens[index + 1].children or [], None).strip()
+        for tokens in _markdown_token_lists(md, body):
+            first = tokens if body.count("\n") <= MARKDOWN_PIECE_LINES else None
+            title = _markdown_h1(tokens)
+            if title:
                 break
     title = title or _title_from_path(path)
-    builder = _SectionBuilder(title, path, str(path.resolve()))
+    builder = SectionBuilder(title, path, str(path.resolve()))
     heading_level = 0
-    for token in tokens:
-        kind = token.type
-        if kind == "heading_open":
-            heading_level = int(token.tag[1:])
-        elif kind == "heading_close":
-            heading_level = 0
-        elif kind == "inline":
-            if heading_level:
-                builder.heading(heading_level, _markdown_inline(token.children or [], None))
-            else:
-                builder.text(_markdown_inline(token.children or [], builder))
-        elif kind in ("fence", "code_block"):
-            builder.block()
-            builder.text(token.content.rstrip("\n"), preformatted=True)
-            builder.block()
-        elif kind == "html_block":
-            builder.block()
-            builder.text(_html_fragment_text(token.content))
-            builder.block()
-        elif kind in ("th_close", "td_close"):
-            builder.text(" | ")
-        elif kind in ("tr_close", "list_item_close") or (
-            kind == "paragraph_close" and token.hidden
-        ):
-            builder.newline()
-        elif kind.endswith("_close") or kind == "hr":
-            builder.block()
+    for tokens in [first] if first is not None else _markdown_token_lists(md, body):
+        for token in tokens:
+            kind = token.type
+            if kind == "heading_open":
+                heading_level = int(token.tag[1:])
+            elif kind == "heading_close":
+                heading_level = 0
+            elif kind == "inline":
+                if heading_level:
+                    builder.heading(heading_level, _markdown_inline(token.children or [], None))
+                else:
+                    builder.text(_markdown_inline(token.children or [], builder))
+            elif kind in ("fence", "code_block"):
+                builder.block()
+                builder.text(token.content.rstrip("\n"), preformatted=True)
+                builder.block()
+            elif kind == "html_block":
+                builder.block()
+                builder.text(html_text(token.content))
+                builder.block()
+            elif kind in ("th_close", "td_close"):
+                builder.text(" | ")
+            elif kind in ("tr_close", "list_item_close") or (
+                kind == "paragraph_close" and token.hidden
+            ):
+                builder.newline()
+            elif kind.endswith("_close") or kind == "hr":
+                builder.block()
+        tokens.clear()  # a piece's tokens go before the next piece is parsed
     known = {"title", "category", "groups", "labels"}
     return _document(
         path,
@@ -278,119 +303,30 @@ def load_markdown(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Docume
 
 # -- HTML -------------------------------------------------------------------------------------
 
-_BLOCK_TAGS = frozenset(
-    [
-        "address",
-        "article",
-        "aside",
-        "blockquote",
-        "dd",
-        "details",
-        "div",
-        "dl",
-        "dt",
-        "fieldset",
-        "figcaption",
-        "figure",
-        "footer",
-        "form",
-        "header",
-        "hr",
-        "li",
-        "main",
-        "nav",
-        "ol",
-        "p",
-        "section",
-        "summary",
-        "table",
-        "tbody",
-        "thead",
-        "tfoot",
-        "ul",
-        "caption",
-    ]
-)
-_HIDDEN_TAGS = ("script", "style", "noscript", "template", "head", "svg", "iframe", "object")
-
-
-def _html_fragment_text(html: str) -> str:
-    from bs4 import BeautifulSoup
-
-    return BeautifulSoup(html, "html.parser").get_text(" ")
-
-
-def _walk_html(root: Any, builder: _SectionBuilder) -> None:
-    """Depth-first over the tree with a stack of its own: 5,000 nested <div>s are a document,
-    not a RecursionError. The stack holds child iterators and actions to run after a child."""
-    from bs4.element import Comment, NavigableString, Tag
-
-    stack: list[Iterator[Any] | Callable[[], None]] = [iter(root.children)]
-    while stack:
-        top = stack.pop()
-        if not isinstance(top, Iterator):
-            top()
-            continue
-        child = next(top, None)
-        if child is None:
-            continue
-        stack.append(top)
-        if isinstance(child, Comment):
-            continue
-        if isinstance(child, NavigableString):
-            builder.text(str(child))
-            continue
-        if not isinstance(child, Tag):
-            continue
-        name = child.name.lower()
-        if re.fullmatch(r"h[1-6]", name):
-            builder.heading(int(name[1]), child.get_text(" "))
-        elif name == "pre":
-            builder.block()
-            builder.text(child.get_text(), preformatted=True)
-            builder.block()
-        elif name == "br":
-            builder.newline()
-        elif name in ("td", "th"):
-            stack.append(functools.partial(builder.text, " | "))
-            stack.append(iter(child.children))
-        elif name == "tr":
-            builder.newline()
-            stack.append(builder.newline)
-            stack.append(iter(child.children))
-        else:
-            if name == "a" and child.get("href"):
-                builder.link(str(child.get("href")))
-            if name in _BLOCK_TAGS:
-                builder.block()
-                stack.append(builder.block)
-            stack.append(iter(child.children))
-
 
 def load_html(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
-    from bs4 import BeautifulSoup
-
-    soup = BeautifulSoup(_read_text(path, max_bytes), "html.parser")
-    title_tag = soup.find("title")
-    title = title_tag.get_text(" ", strip=True) if title_tag else ""
-    if not title:
-        h1 = soup.find("h1")
-        title = h1.get_text(" ", strip=True) if h1 else ""
-    title = re.sub(r"\s+", " ", title) or _title_from_path(path)
-    for hidden in soup.find_all(_HIDDEN_TAGS):
-        hidden.decompose()
-    builder = _SectionBuilder(title, path, str(path.resolve()))
-    _walk_html(soup.body or soup, builder)
+    html = _read_text(path, max_bytes)
+    title, has_body = html_title(html)
+    title = title or _title_from_path(path)
+    builder = SectionBuilder(title, path, str(path.resolve()))
+    html_sections(html, builder, has_body)
     return _document(path, title, builder.finish(), "html")
 
 
 # -- PDF --------------------------------------------------------------------------------------
 
 
+_QUIET = logging.NullHandler()
+
+
 def load_pdf(path: Path, max_bytes: int = DEFAULT_MAX_FILE_BYTES) -> Document:
     import io
 
     import pypdf
+
+    # pypdf logs what it repairs ("EOF marker not found"); with no handler configured Python
+    # printed it raw on stderr, beside kbpg's own `skipped PATH: reason` line
+    logging.getLogger("pypdf").addHandler(_QUIET)
 
     data = read_limited(path, max_bytes)
     try:

@@ -90,6 +90,7 @@ def document_from_record(record: Any, where: str) -> Document:
         labels=string_list(record.get("labels"), "labels", where),
         metadata=json_metadata(metadata, where),
         embedding=embedding,
+        origin=where,
     )
 
 

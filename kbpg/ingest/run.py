@@ -83,6 +83,8 @@ class IngestSummary:
     chunks: int = 0
     edges: int = 0
     failures: list[LoadFailure] = field(default_factory=list)
+    # what did not go as planned without failing anything (a vector index kept, ...)
+    warnings: list[str] = field(default_factory=list)
     contexts: ContextTally = field(default_factory=ContextTally)
     prepare_s: float = 0.0
     embed_s: float = 0.0
@@ -117,6 +119,7 @@ class IngestSummary:
                 "database": round(self.database_s, 3),
             },
             "failures": [{"where": f.where, "reason": f.reason} for f in self.failures],
+            "warnings": list(self.warnings),
             "contexts": {
                 "written": self.contexts.written,
                 "missing": self.contexts.missing,
@@ -200,6 +203,8 @@ class _Run:
         )
         self.started = time.perf_counter()
         self._pending_failures: list[LoadFailure] = []
+        # the HNSW index dropped for a bulk build once the writes call for it (run() sets it)
+        self.deferral: indexing.IndexDeferral | None = None
 
     def fail(self, failure: LoadFailure) -> None:
         self.summary.failed += 1
@@ -232,6 +237,11 @@ class _Run:
         for failure in batch.failures:
             self.fail(failure)
         self.summary.unchanged += batch.unchanged
+        if self.deferral is not None:
+            # decided on what is written: unchanged and refused documents drop nothing
+            self.deferral.before_write(
+                sum(len(p.chunks) for p in batch.whole) + sum(len(p.chunks) for p in batch.sliced)
+            )
         written = self._write_batch(batch.whole, batch.vectors) if batch.whole else []
         self.summary.chunks += sum(len(p.chunks) for p in written)
         embed_s = self.summary.embed_s
@@ -333,7 +343,7 @@ class _Run:
             if not _document_error(exc):
                 raise
             self.summary.edges = edges
-            self.fail(LoadFailure(item.document.source, f"not stored: {_reason(exc)}"))
+            self.fail(LoadFailure(item.document.where, f"not stored: {_reason(exc)}"))
             return False
         return True
 
@@ -402,8 +412,9 @@ def _ingest(
 ) -> IngestSummary:
     """One ingest run under the write lock; documents not seen for which `prunable` holds go.
 
-    A load into an empty knowledge base (or one that `expected_chunks` at least doubles) builds
-    the HNSW index once after the rows are in (indexing.defer_index), reporting its progress.
+    A load into an empty knowledge base (or one its writes at least double, when
+    `expected_chunks` says so too) builds the HNSW index once after the rows are in
+    (indexing.IndexDeferral: decided on the chunks written), reporting its progress.
     `contextual` (default KBPG_CONTEXTUAL): a chat model writes each chunk's context.
     """
     model = embedder or models.document_embedder()
@@ -415,8 +426,10 @@ def _ingest(
             reader.autocommit = True
             _register_space(db, conn, principal, model)
             run = _Run(db, conn, principal, reader, model, progress, batch_documents, chat)
-            indexing.defer_index(conn, run.transaction, expected_chunks)
+            run.deferral = indexing.IndexDeferral.start(conn, run.transaction, expected_chunks)
             run.run(items)
+            if run.deferral.kept is not None:
+                run.summary.warnings.append(run.deferral.kept)
             if prunable is not None:
                 with run.transaction():
                     known = conn.execute(queries.ALL_DOCUMENTS).fetchall()

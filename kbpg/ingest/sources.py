@@ -11,28 +11,13 @@ from pathlib import Path
 
 from kbpg.errors import IngestError, InvalidInput
 from kbpg.ingest.document import Document, LoadFailure
-from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_name
+from kbpg.ingest.limits import DEFAULT_MAX_FILE_BYTES, check_filter_name
 from kbpg.ingest.loaders import SUPPORTED_SUFFIXES, iter_file
+from kbpg.text import printable
 
 __all__ = ["discover", "iter_documents", "parse_size", "printable"]
 
-# Characters that would let a file name (or a title, or a reason quoting either) forge a line,
-# a column or a terminal escape when printed: C0/C1 controls, DEL, line/paragraph separators,
-# bidirectional overrides, lone surrogates (undecodable bytes in a name).
-_UNPRINTABLE = re.compile(
-    "[\x00-\x1f\x7f-\x9f\u2028\u2029\u200e\u200f\u202a-\u202e\u2066-\u2069\ud800-\udfff]"
-)
 _SIZE = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(?:([kmgt])(i)?)?b?\s*", re.I)
-
-
-def printable(text: str) -> str:
-    """`text` safe to print on one line: control and invisible characters escaped (`\\n`,
-    `\\x1b`, `\\u202e`), so a name with a newline cannot forge a line of output."""
-    if not _UNPRINTABLE.search(text):
-        return text
-    return _UNPRINTABLE.sub(
-        lambda m: m.group().encode("unicode_escape", "backslashreplace").decode("ascii"), text
-    )
 
 
 def parse_size(text: str) -> int:
@@ -117,6 +102,11 @@ def discover(
         if is_file:
             yield path
             continue
+        if not path.is_dir():  # a device, FIFO or socket: reading it could block or never end
+            yield LoadFailure(
+                str(path), "not a regular file or directory (a device, FIFO or socket)"
+            )
+            continue
         found_files: list[Path] = []
         for found in _walk(path, recursive, follow_symlinks):
             if isinstance(found, LoadFailure):
@@ -180,10 +170,10 @@ def iter_documents(
 ) -> Iterator[Document | LoadFailure]:
     """Every document in the files under `roots`, with the command line's defaults applied."""
     try:
-        for value, what in [*((g, "group") for g in groups), *((v, "label") for v in labels)]:
-            check_name(value, what, "command line")
+        for value, what in [*((g, "--group") for g in groups), *((v, "--label") for v in labels)]:
+            check_filter_name(value, what, "command line")
         if category is not None:
-            check_name(category, "category", "command line")
+            check_filter_name(category, "--category", "command line")
     except IngestError as exc:
         raise InvalidInput(exc.message) from None
     for found in discover(roots, recursive=recursive, glob=glob, follow_symlinks=follow_symlinks):

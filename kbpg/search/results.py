@@ -9,6 +9,7 @@ from pathlib import PurePosixPath
 from typing import Any
 
 from kbpg.search.stages import StageReport
+from kbpg.text import printable
 
 __all__ = ["Chunk", "SearchResult", "Source", "Timings", "build_context", "display_sources"]
 
@@ -158,17 +159,19 @@ def build_context(chunks: Sequence[Chunk], sources: Sequence[Source] | None = No
         sources = collect_sources(chunks)
     parts = []
     for chunk in chunks:
-        # A heading path usually starts with the document's own title: say it once.
-        if chunk.section.startswith(chunk.document):
-            heading = f"[{chunk.rank}] {chunk.section}"
-        elif chunk.section:
-            heading = f"[{chunk.rank}] {chunk.document} — {chunk.section}"
+        # A heading path usually starts with the document's own title: say it once. Names go
+        # on one line (a file name with a newline must not forge a line of the block).
+        document, section = printable(chunk.document), printable(chunk.section)
+        if section.startswith(document):
+            heading = f"[{chunk.rank}] {section}"
+        elif section:
+            heading = f"[{chunk.rank}] {document} — {section}"
         else:
-            heading = f"[{chunk.rank}] {chunk.document}"
+            heading = f"[{chunk.rank}] {document}"
         parts.append(f"{heading}\n{chunk.content.strip()}")
     lines = ["Sources:"]
     for source in sources:
         cited = ", ".join(str(rank) for rank in source.ranks)
-        lines.append(f"- {source.document}: {source.source} [{cited}]")
+        lines.append(f"- {printable(source.document)}: {printable(source.source)} [{cited}]")
     parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"

@@ -34,6 +34,7 @@ from kbpg.errors import (
     PermissionDenied,
     QueryTimeout,
     ReadOnlyDatabase,
+    RoleUnavailable,
     SchemaNotMigrated,
     StageUnavailable,
 )
@@ -55,6 +56,7 @@ from kbpg.serve.guard import (
 )
 from kbpg.serve.logs import log_config
 from kbpg.serve.metrics import CONTENT_TYPE, Metrics
+from kbpg.serve.slow_clients import TimedH11Protocol
 from kbpg.serve.tokens import Tokens
 from kbpg.store.readiness import BUSY, DatabaseState, Readiness
 
@@ -138,6 +140,13 @@ class ErrorResponse(BaseModel):
 _ANSWERS: list[tuple[type[KbpgError], int, str | None, str | None]] = [
     (InvalidInput, 422, None, None),
     (
+        # the server's configuration: its log names the role and the grant that is missing
+        RoleUnavailable,
+        403,
+        "this token's database role cannot be used by the server",
+        "the server's operator must fix the token's role (the server log names it)",
+    ),
+    (
         PermissionDenied,
         403,
         "this token may not search this knowledge base",
@@ -180,7 +189,13 @@ def error_response(exc: KbpgError) -> JSONResponse:
         body = ErrorResponse(error=type(exc).__name__, message=exc.message, hint=exc.hint)
     else:
         body = ErrorResponse(error=type(exc).__name__, message=message, hint=hint)
-        _log.warning("%s (%s): %s", body.error, status, exc.message)
+        _log.warning(
+            "%s (%s): %s%s",
+            body.error,
+            status,
+            exc.message,
+            f" (hint: {exc.hint})" if exc.hint else "",
+        )
     headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)} if isinstance(exc, Busy) else None
     return JSONResponse(body.model_dump(), status_code=status, headers=headers)
 
@@ -478,6 +493,7 @@ def serve(
             log_level="info",
             access_log=False,
             log_config=config or uvicorn.config.LOGGING_CONFIG,
+            http=TimedH11Protocol,  # headers in 10 s, a body in 30 s, or the connection closes
         )
     finally:
         kb.close()

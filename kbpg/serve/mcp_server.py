@@ -2,15 +2,21 @@
 
 from __future__ import annotations
 
+import io
 import json
 import logging
+import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING, Annotated, Any
 
+import anyio
+from mcp.server.context import CallNext, HandlerResult, ServerMiddleware, ServerRequestContext
 from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError
+from mcp.server.stdio import stdio_server
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
@@ -107,10 +113,101 @@ def _tool_errors() -> Iterator[None]:
         raise ToolError(exc.message + (f" (hint: {exc.hint})" if exc.hint else "")) from exc
 
 
+# Each tool's arguments and their JSON types, checked before the SDK converts anything: it
+# reads a string holding JSON ("5") as the value (top: "5" was 5) and ignores names it does not
+# know (a typo of an option was silently dropped). The same strictness as the HTTP API.
+TOOL_ARGUMENTS: dict[str, dict[str, tuple[str, bool]]] = {
+    "search_knowledge_base": {
+        "query": ("string", True),
+        "top": ("integer", False),
+        "groups": ("list of strings", False),
+        "category": ("string", False),
+        "labels": ("list of strings", False),
+    },
+    "list_documents": {"group": ("string", False)},
+    "get_document": {"source": ("string", True)},
+}
+_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return "list of strings"
+    return {float: "number", list: "list", dict: "object"}.get(type(value), type(value).__name__)
+
+
+def _a(kind: str) -> str:
+    return ("an " if kind[0] in "aeiou" else "a ") + kind
+
+
+def has_surrogate(value: Any) -> bool:
+    """A lone surrogate in any string of a JSON value (keys too): not UTF-8, not answerable."""
+    if isinstance(value, str):
+        return bool(_SURROGATE.search(value))
+    if isinstance(value, list):
+        return any(has_surrogate(v) for v in value)
+    if isinstance(value, dict):
+        return any(has_surrogate(k) or has_surrogate(v) for k, v in value.items())
+    return False
+
+
+def argument_problem(tool: str, arguments: Any) -> str | None:
+    """What is wrong with a tool call's arguments (never quoting them), or None."""
+    expected = TOOL_ARGUMENTS.get(tool)
+    if expected is None:
+        return None  # the SDK answers unknown tools itself
+    if arguments is None:
+        arguments = {}
+    if not isinstance(arguments, dict):
+        return "the arguments must be an object"
+    unknown = sorted(set(arguments) - set(expected))
+    if unknown:
+        names = ", ".join(repr(n) if not has_surrogate(n) else "(not UTF-8)" for n in unknown)
+        return f"unknown argument {names}; {tool} takes {', '.join(expected)}"
+    for name, (kind, required) in expected.items():
+        if name not in arguments or arguments[name] is None:
+            if required:
+                return f"argument {name!r} is required ({kind})"
+            continue
+        found = _json_type(arguments[name])
+        if found != kind:
+            return f"argument {name!r} must be {_a(kind)}, not {_a(found)}"
+    if has_surrogate(arguments):
+        return "an argument holds a lone surrogate (not UTF-8): send valid Unicode"
+    return None
+
+
+class StrictArguments(ServerMiddleware[Any]):
+    """Refuses a tools/call whose arguments do not match the tool's, as a tool error."""
+
+    async def __call__(
+        self, ctx: ServerRequestContext[Any, Any], call_next: CallNext
+    ) -> HandlerResult:
+        if ctx.method == "tools/call" and ctx.params is not None:
+            problem = argument_problem(str(ctx.params.get("name")), ctx.params.get("arguments"))
+            if problem is not None:
+                return CallToolResult(
+                    content=[TextContent(type="text", text=problem)], is_error=True
+                )
+        return await call_next(ctx)
+
+
 def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
     """The MCP server with kbpg's three tools over `tools`."""
     server: MCPServer[Any] = MCPServer(
-        "kbpg", version=__version__, instructions=INSTRUCTIONS, log_level="WARNING"
+        "kbpg",
+        version=__version__,
+        instructions=INSTRUCTIONS,
+        log_level="WARNING",
+        middleware=[StrictArguments()],
     )
 
     @server.tool(
@@ -175,6 +272,81 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
     return server
 
 
+class _Wire:
+    """The transport's stdout: each message written and flushed whole, ours and the SDK's alike
+    (two writers must never interleave inside a line)."""
+
+    def __init__(self, out: anyio.AsyncFile[str]) -> None:
+        self._out = out
+        self._lock = anyio.Lock()
+
+    async def write(self, text: str) -> None:
+        async with self._lock:
+            await self._out.write(text)
+            await self._out.flush()
+
+    async def flush(self) -> None:
+        return None
+
+
+class _CheckedLines:
+    """The transport's stdin: lines that are JSON go on to the SDK; a line that is not gets a
+    JSON-RPC parse error (-32700), and a message with a lone surrogate (not UTF-8) an invalid
+    request error (-32600), never echoing it. The SDK answered neither: the client waited."""
+
+    def __init__(self, lines: anyio.AsyncFile[str], wire: _Wire) -> None:
+        self._lines = lines
+        self._wire = wire
+
+    def __aiter__(self) -> AsyncIterator[str]:
+        return self._checked()
+
+    async def _checked(self) -> AsyncIterator[str]:
+        async for line in self._lines:
+            if not line.strip():
+                continue
+            try:
+                message = json.loads(line)
+            except (ValueError, RecursionError):
+                await self._reply(None, -32700, "Parse error: the line is not a JSON value")
+                continue
+            if has_surrogate(message):
+                ident = message.get("id") if isinstance(message, dict) else None
+                if ident is not None and not isinstance(ident, int | str):
+                    ident = None
+                if isinstance(ident, str) and has_surrogate(ident):
+                    ident = None
+                if not isinstance(message, dict) or "id" in message:
+                    await self._reply(
+                        ident,
+                        -32600,
+                        "Invalid request: a string holds a lone surrogate (not UTF-8)",
+                    )
+                continue
+            yield line
+
+    async def _reply(self, ident: int | str | None, code: int, message: str) -> None:
+        error = {"jsonrpc": "2.0", "id": ident, "error": {"code": code, "message": message}}
+        await self._wire.write(json.dumps(error) + "\n")
+
+
+async def _run_stdio(server: MCPServer[Any]) -> None:
+    """What MCPServer.run("stdio") does, over checked lines: stdin and stdout are taken off fd 0
+    and 1 (fd 1 then points at stderr, so nothing printed by accident reaches the wire)."""
+    wire_in = os.fdopen(os.dup(0), "rb", closefd=True)
+    wire_out = os.fdopen(os.dup(1), "wb", closefd=True)
+    os.dup2(2, 1)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.close(null)
+    stdin = anyio.wrap_file(io.TextIOWrapper(wire_in, encoding="utf-8", errors="replace"))
+    wire = _Wire(anyio.wrap_file(io.TextIOWrapper(wire_out, encoding="utf-8")))
+    # the SDK's own runner over our streams (MCPServer.run_stdio_async opens its own)
+    lowlevel = server._lowlevel_server
+    async with stdio_server(stdin=_CheckedLines(stdin, wire), stdout=wire) as (read, write):  # type: ignore[arg-type]
+        await lowlevel.run(read, write, lowlevel.create_initialization_options())
+
+
 def serve(settings: Settings, embedder_name: str | None = None) -> None:
     """Load the model, then answer MCP requests on stdin/stdout until the client closes."""
     from kbpg.models.embedders import get_embedder
@@ -185,6 +357,6 @@ def serve(settings: Settings, embedder_name: str | None = None) -> None:
         load()
     tools = KnowledgeBaseTools(settings, embedder)
     try:
-        create_server(tools).run("stdio")
+        anyio.run(_run_stdio, create_server(tools))
     finally:
         tools.close()

@@ -90,7 +90,7 @@ def document_chunks(
     with db.session(principal) as conn:
         kdb.require_schema(conn)
         rows = conn.execute(
-            queries.DOCUMENT_CHUNKS, {"sources": source_candidates(source), "source": source}
+            queries.DOCUMENT_CHUNKS, {"sources": source_candidates(source)}
         ).fetchall()
     if not rows:
         raise NotFound(

@@ -243,6 +243,27 @@ def _orphaned_backends(pgdata: Path) -> list[psutil.Process]:
     return orphans
 
 
+def _pid_present(pid: int) -> bool:
+    """Whether a process of that pid exists at all (a zombie too)."""
+    return bool(psutil.pid_exists(pid))
+
+
+def _clear_socket_locks(directory: Path, pgdata: Path) -> None:
+    """Remove the unix socket lock files (and sockets) in `directory` whose postmaster is not
+    running: dead, or a zombie no one reaped yet."""
+    for lock in directory.glob(".s.PGSQL.*.lock"):
+        try:
+            pid = int(lock.read_text().splitlines()[0])
+        except (OSError, ValueError, IndexError):
+            continue
+        if pid > 0 and _is_postmaster(pid, pgdata):
+            continue
+        with contextlib.suppress(FileNotFoundError):
+            lock.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            lock.with_suffix("").unlink()  # .s.PGSQL.5432
+
+
 class EmbeddedServer:
     """A PostgreSQL data directory under `home`, started and stopped with pg_ctl."""
 
@@ -533,15 +554,25 @@ class EmbeddedServer:
         )
 
     def _clear_stale(self, dead_pid: int) -> None:
-        """After a SIGKILLed postmaster: end its orphaned backends, drop its pid file."""
+        """After a SIGKILLed postmaster: end its orphaned backends, drop its pid file and its
+        socket's lock file (while its parent has not reaped it, the dead postmaster is a zombie
+        whose pid still answers: a new postmaster reads the lock file, thinks it alive and
+        refuses to start; `kbpg db start` right after a kill failed so for ~1.5 s)."""
         if _is_postmaster(dead_pid, self.pgdata):
             return
+        socket_dir = (_read_postmaster_pid(self.pgdata) or (0, None, 0))[1]
         for proc in _orphaned_backends(self.pgdata):
             with contextlib.suppress(psutil.Error):
                 proc.kill()
         deadline = time.monotonic() + 5
         while _orphaned_backends(self.pgdata) and time.monotonic() < deadline:
             time.sleep(0.05)
+        # a moment for the dead postmaster to be reaped; a zombie past it is harmless below
+        deadline = time.monotonic() + 2
+        while _pid_present(dead_pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        for directory in {socket_dir or _socket_dir_for(self.pgdata), self.pgdata}:
+            _clear_socket_locks(directory, self.pgdata)
         with contextlib.suppress(FileNotFoundError):
             (self.pgdata / "postmaster.pid").unlink()
 

@@ -183,27 +183,101 @@ def may_rebuild_index(conn: psycopg.Connection[Any]) -> bool:
     return row == (True,)
 
 
-def defer_index(conn: psycopg.Connection[Any], begin: Begin, incoming_chunks: int | None) -> bool:
-    """Drop the HNSW index before a load into an empty knowledge base, or one that the load
-    (`incoming_chunks`, an estimate) at least doubles; True when the caller must rebuild it
-    (ensure_index) after the load.
+# How long dropping the vector index may wait for kb.chunks: DROP INDEX takes the table's
+# ACCESS EXCLUSIVE lock, and every search that starts while it waits queues behind it; searches
+# hold their locks for milliseconds, so only a long holder (an idle transaction) makes it wait
+# this long, and the load then goes on with the index kept.
+DROP_LOCK_WAIT = "500ms"
+
+
+@dataclass
+class IndexDeferral:
+    """Whether a load builds the HNSW index in bulk after its rows, decided on the chunks it
+    actually writes (not on the files it finds: an unchanged folder, or one refused 200 MB file,
+    writes nothing and keeps its index).
 
     Building the graph once after the rows are in is far faster than inserting every row into
     it (COPY into an indexed table pays an HNSW insert per row); searches meanwhile run exact
-    scans. A role that does not own kb.chunks (a writer under access control) may neither
-    drop nor build the index: it loads with the index kept.
+    scans. So the index is dropped before the first write into an empty knowledge base, and in
+    one that already holds chunks once the chunks written reach as many as it held (it has
+    doubled; `estimate` of the load's chunks, when given, must also say so: a role's estimate of
+    a folder). A role that does not own kb.chunks (a writer under access control) may neither
+    drop nor build the index: it loads with the index kept. `kept` says why a drop that was
+    due did not happen (another session held kb.chunks).
     """
-    with begin():
-        row = conn.execute(queries.SPACE_LAYOUT_AND_CHUNKS).fetchone()
-        if row is None or not index_present(conn):
-            return False
-        if not may_rebuild_index(conn):
-            return False
-        existing = int(row[1])
-        if existing > 0 and (incoming_chunks is None or incoming_chunks <= existing):
-            return False
-        conn.execute(queries.DROP_VECTOR_INDEX)
-    return True
+
+    conn: psycopg.Connection[Any]
+    begin: Begin
+    estimate: int | None = None
+    existing: int = 0
+    eligible: bool = False
+    written: int = 0
+    dropped: bool = False
+    kept: str | None = None
+
+    @classmethod
+    def start(
+        cls, conn: psycopg.Connection[Any], begin: Begin, estimate: int | None
+    ) -> IndexDeferral:
+        deferral = cls(conn, begin, estimate)
+        with begin():
+            row = conn.execute(queries.SPACE_LAYOUT_AND_CHUNKS).fetchone()
+            if row is not None and index_present(conn) and may_rebuild_index(conn):
+                deferral.existing = int(row[1])
+                deferral.eligible = deferral.existing == 0 or (
+                    estimate is not None and estimate > deferral.existing
+                )
+        return deferral
+
+    def before_write(self, chunks: int) -> None:
+        """Called with the chunks about to be written (nothing is dropped for none)."""
+        if chunks <= 0:
+            return
+        self.written += chunks
+        if not self.eligible or self.dropped or self.kept is not None:
+            return
+        if self.existing == 0 or self.written >= self.existing:
+            self._drop()
+
+    def _drop(self) -> None:
+        try:
+            with self.begin():
+                self.conn.execute(queries.SET_LOCAL, ("lock_timeout", DROP_LOCK_WAIT))
+                if index_present(self.conn):
+                    self.conn.execute(queries.DROP_VECTOR_INDEX)
+            self.dropped = True
+        except psycopg.errors.LockNotAvailable:
+            self.kept = (
+                f"kept the vector index (rows are indexed as they load, which is slower): "
+                f"kb.chunks stayed locked for {DROP_LOCK_WAIT} by {lock_holders(self.conn)}; "
+                "rerun the ingest when they are done for a bulk build, or end them with "
+                "select pg_terminate_backend(<pid>)"
+            )
+
+
+def lock_holders(conn: psycopg.Connection[Any]) -> str:
+    """Who holds a lock on kb.chunks (other than this session), for a message."""
+    with conn.transaction():
+        rows = conn.execute(queries.CHUNKS_LOCK_HOLDERS).fetchall()
+    if not rows:
+        return "another session (gone since)"
+    return ", ".join(
+        f"pid {pid} ({user or '?'}"
+        + (f", {app}" if app else "")
+        + (f", {state}" if state else "")
+        + (f" since {since:%H:%M:%S}" if since is not None else "")
+        + ")"
+        for pid, user, app, state, since in rows
+    )
+
+
+def defer_index(conn: psycopg.Connection[Any], begin: Begin, incoming_chunks: int | None) -> bool:
+    """Drop the HNSW index now when a load of `incoming_chunks` (an estimate; None: unknown)
+    into this knowledge base should build it in bulk (see IndexDeferral: an ingest decides on
+    the chunks it writes instead); True when the caller must rebuild it (ensure_index)."""
+    deferral = IndexDeferral.start(conn, begin, incoming_chunks)
+    deferral.before_write(max(1, deferral.existing))
+    return deferral.dropped
 
 
 def ensure_index(

@@ -10,7 +10,8 @@ from psycopg import sql
 
 # -- search -----------------------------------------------------------------------------------
 
-EMBEDDING_SPACE: Final = "select model, dimension from kb.embedding_space"
+# readers hold no table privilege: what they read comes from kb functions (sql/075)
+EMBEDDING_SPACE: Final = "select model, dimension from kb.get_embedding_space()"
 SEARCH_COLUMNS: Final = (
     "rank, chunk_id, document_id, source, title, section, content, score, similarity, "
     "vector_rank, lexical_rank, graph_rank, fused_rank"
@@ -218,42 +219,24 @@ select (select count(*) from added), (select count(*) from removed),
 
 # -- maintenance ------------------------------------------------------------------------------
 
-LIST_DOCUMENTS: Final = """
-select d.source, d.title, d.category, d.groups, d.labels,
-       (select count(*) from kb.chunks c where c.document_id = d.id) as chunks,
-       d.updated_at
-  from kb.documents d
- where %(group)s::text is null or %(group)s = any(d.groups)
- order by d.source
-"""
-# One document's chunks in reading order, by source (a path also matches its absolute form).
-DOCUMENT_CHUNKS: Final = """
-select d.source, d.title, d.category, d.groups, d.labels, c.ordinal, c.section, c.content
-  from kb.documents d
-  join kb.chunks c on c.document_id = d.id
- where d.source = (select d2.source from kb.documents d2
-                    where d2.source = any(%(sources)s::text[])
-                    order by d2.source = %(source)s desc limit 1)
- order by c.ordinal
-"""
+# What the caller may read only (sql/075: readers hold no table privilege).
+LIST_DOCUMENTS: Final = (
+    "select source, title, category, groups, labels, chunks, updated_at"
+    " from kb.list_documents(group_name => %(group)s)"
+)
+# One document's chunks in reading order: the first of the sources that names one (a path as
+# given, then its absolute form).
+DOCUMENT_CHUNKS: Final = (
+    "select source, title, category, groups, labels, ordinal, section, content"
+    " from kb.get_document(variadic %(sources)s::text[])"
+)
 DELETE_DOCUMENT_BY_SOURCE: Final = (
     "delete from kb.documents where source = any(%s) returning source"
 )
-STATS: Final = """
-select (select count(*) from kb.documents),
-       (select count(*) from kb.chunks),
-       (select count(*) from kb.chunks where embedding is null),
-       (select coalesce(jsonb_object_agg(relation, n), '{}') from
-           (select relation, count(*) as n from kb.edges group by relation) e),
-       (select model from kb.embedding_space),
-       (select dimension from kb.embedding_space),
-       (select layout from kb.embedding_space),
-       to_regclass('kb.chunks_embedding_hnsw') is not null,
-       (select chunk_count from kb.corpus_stats),
-       (select total_tokens from kb.corpus_stats),
-       (select count(*) from kb.lexeme_stats),
-       (select name from kb.language)
-"""
+STATS: Final = (
+    "select documents, chunks, chunks_without_embedding, edges, model, dimension, layout,"
+    " coalesce(indexed, false), bm25_chunks, bm25_tokens, bm25_lexemes, language from kb.stats()"
+)
 # a partitioned table or index (kind p, I: no storage of its own) counts as the sum of its
 # partitions, which are not listed on their own
 RELATION_SIZES: Final = """
@@ -350,6 +333,16 @@ VECTOR_INDEX_PRESENT: Final = (
     "select pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null"
 )
 DROP_VECTOR_INDEX: Final = "drop index kb.chunks_embedding_hnsw"
+# other sessions holding a lock on kb.chunks (its state and start: visible to the same role or
+# pg_read_all_stats only, NULL otherwise)
+CHUNKS_LOCK_HOLDERS: Final = """
+select distinct a.pid, a.usename, a.application_name, a.state, a.xact_start
+  from pg_catalog.pg_locks l
+  join pg_catalog.pg_stat_activity a on a.pid = l.pid
+ where l.locktype = 'relation' and l.relation = 'kb.chunks'::pg_catalog.regclass
+   and l.granted and l.pid <> pg_catalog.pg_backend_pid()
+ order by a.pid
+"""
 # dropping or building the index takes its owner's privileges (those of kb.chunks' owner)
 MAY_REBUILD_VECTOR_INDEX: Final = (
     "select pg_catalog.pg_has_role(c.relowner, 'USAGE') from pg_catalog.pg_class c"

@@ -23,6 +23,7 @@ from kbpg.errors import (
     KbpgError,
     QueryTimeout,
     ReadOnlyDatabase,
+    RoleUnavailable,
 )
 from kbpg.store import db as kdb
 from kbpg.store import queries, readiness
@@ -179,7 +180,12 @@ class Database:
             role = principal.role if principal is not None else None
             timeouts = self._timeouts(write)
             if role is not None or timeouts:
-                conn.execute(queries.local_settings_text(role, tuple(timeouts.items())))
+                try:
+                    conn.execute(queries.local_settings_text(role, tuple(timeouts.items())))
+                except psycopg.Error as exc:
+                    if role is None or exc.sqlstate not in ("22023", "42501", "42704"):
+                        raise
+                    raise _role_unavailable(role, conn.info.user, exc) from exc
             yield conn
 
     @contextmanager
@@ -248,6 +254,19 @@ class Database:
             self._pool.close()
         if self._conn is not None:
             self._conn.close()
+
+
+def _role_unavailable(role: str, login: str, exc: psycopg.Error) -> RoleUnavailable:
+    """SET ROLE refused: the role does not exist, or the login role is not a member of it."""
+    if exc.sqlstate == "42501":
+        return RoleUnavailable(
+            f"login role {login!r} may not act as role {role!r}",
+            hint=f'grant "{role}" to "{login}"  (as a role with CREATEROLE)',
+        )
+    return RoleUnavailable(
+        f"role {role!r} does not exist",
+        hint="create it (and grant it the reader role and to the login role), or name another",
+    )
 
 
 def _require_primary(conn: Connection) -> None:

@@ -129,8 +129,9 @@ def test_jsonl_with_precomputed_embeddings(
     reasons = {
         f["where"].split(":")[-1]: f["reason"] for f in json.loads(result.stdout)["failures"]
     }
+    # every failure names PATH:LINE (the wrong size named the record's id before: issue 25)
     assert reasons == {
-        "short": "`embedding` has 3 dimensions; this knowledge base holds 384-d vectors "
+        "4": "`embedding` has 3 dimensions; this knowledge base holds 384-d vectors "
         "(all-MiniLM-L6-v2)",
         "5": "`embedding` must be a non-empty list of numbers",
         "6": "`embedding` holds NaN or infinity",

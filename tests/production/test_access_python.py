@@ -168,3 +168,23 @@ def test_readers_get_permission_errors_with_a_hint(
     with pytest.raises(PermissionDenied) as info:
         kaccess.grant(retriever.db, who["alice"].role or "", ["finance"], principal=who["alice"])
     assert info.value.hint == kaccess._GRANT_HINT
+
+
+def test_a_role_the_login_may_not_use_says_which_grant_is_missing(
+    kb: tuple[Retriever, dict[str, Principal]], db_url: str, embedder: Embedder
+) -> None:
+    """SET ROLE refused (the login role is not a member): the error names the grant the
+    operator must run, not the reader role (the HTTP 403 said `grant kbpg_reader` here)."""
+    from kbpg.errors import RoleUnavailable
+    from tests.accessdata import url_as
+
+    _, who = kb
+    alice, bob = who["alice"].role or "", who["bob"].role or ""
+    with Retriever(url_as(db_url, alice), embedder=embedder, pool_size=1) as as_alice:
+        with pytest.raises(RoleUnavailable) as info:
+            as_alice.search(QUERY, principal=who["bob"])
+        assert info.value.message == f"login role {alice!r} may not act as role {bob!r}"
+        assert info.value.hint is not None and f'grant "{bob}" to "{alice}"' in info.value.hint
+        with pytest.raises(RoleUnavailable, match="does not exist"):
+            as_alice.search(QUERY, principal=Principal("kbt_no_such_role_at_all"))
+        assert as_alice.search(QUERY, top=3).chunks  # its own role still searches

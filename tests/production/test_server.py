@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -129,6 +130,28 @@ def test_killed_postmaster_is_cleaned_up_and_restartable(kbpg_home: Path) -> Non
     assert start.returncode == 0, start.stderr
     with psycopg.connect(start.stdout.strip()) as conn:
         assert conn.execute("select 1").fetchone() == (1,)
+
+
+def test_start_right_after_a_kill_while_the_dead_postmaster_is_a_zombie(kbpg_home: Path) -> None:
+    """Until its parent reaps it (here PID 1, after ~1.5 s), a SIGKILLed postmaster is a zombie
+    whose pid still answers: the socket's lock file names it, a new postmaster took it for
+    alive ("lock file ... already exists") and `kbpg db start` failed ("Examine the log
+    output"). Started as soon as the postmaster is seen dead, zombie or gone."""
+    server = EmbeddedServer(kbpg_home)
+    server.start()
+    for _ in range(2):
+        pid = server.status().pid
+        assert pid is not None
+        os.kill(pid, signal.SIGKILL)
+        deadline = time.monotonic() + 10
+        with contextlib.suppress(psutil.NoSuchProcess):
+            while psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                assert time.monotonic() < deadline
+                time.sleep(0.01)
+        url = server.start()
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select 1").fetchone() == (1,)
+    server.stop()
 
 
 def test_garbage_pid_file_does_not_block_start(kbpg_home: Path) -> None:

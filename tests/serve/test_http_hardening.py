@@ -259,3 +259,35 @@ def test_an_exhausted_pool_answers_503_with_retry_after(
             assert sock.recv(64).startswith(b"HTTP/1.1 200 ")
             sock.close()
     assert small_api.post(SEARCH, json={"query": "library card"}).status_code == 200
+
+
+def test_clients_that_send_too_slowly_are_disconnected(small_api: httpx.Client) -> None:
+    """A request's headers trickled a byte at a time (slowloris) held a connection as long as
+    bytes kept coming: 20 such clients stayed connected over a minute. Headers must now be in
+    within 10 s of the connection; the server then closes it."""
+    from kbpg.serve.slow_clients import HEADERS_S
+
+    port = small_api.base_url.port
+    assert port is not None
+    slow = [socket.create_connection(("127.0.0.1", port)) for _ in range(5)]
+    started = time.monotonic()
+    closed = [False] * len(slow)
+    try:
+        while not all(closed) and time.monotonic() - started < HEADERS_S + 20:
+            for i, sock in enumerate(slow):
+                if closed[i]:
+                    continue
+                try:
+                    sock.sendall(b"X-Slow: 1\r\n" if time.monotonic() - started > 0.1 else b"GET ")
+                    sock.settimeout(0.05)
+                    closed[i] = sock.recv(1) == b""
+                except TimeoutError:
+                    pass
+                except OSError:
+                    closed[i] = True
+            time.sleep(0.5)  # a line every half second: never idle, never done
+    finally:
+        for sock in slow:
+            sock.close()
+    assert all(closed), "slow clients still connected"
+    assert small_api.get("/healthz").status_code in (200, 503)  # the server serves on

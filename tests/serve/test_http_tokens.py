@@ -24,6 +24,7 @@ from tests.search_kb import env_for, load_kb
 SEARCH = "/api/v1/kb/search"
 ADMIN_TOKEN = "admin-token-for-the-server-role"
 PUBLIC_TOKEN = "token-of-the-public-role"
+GHOST_TOKEN = "token-of-a-role-that-does-not-exist"
 QUERY = {"query": "staff salary pay dates parking permit", "top": 20, "min_similarity": 0.0}
 STAFF_ONLY = "staff/payroll.md"
 
@@ -49,13 +50,14 @@ def setup(
     name = f"kbpg_tokens_{uuid.uuid4().hex[:10]}"
     url = create_database(admin_url, name, TEMPLATE_DB)
     suffix = uuid.uuid4().hex[:8]
-    roles = {who: f"kbt_{who}_{suffix}" for who in ("public", "staff", "outsider")}
+    roles = {who: f"kbt_{who}_{suffix}" for who in ("public", "staff", "outsider", "ghost")}
     home = tmp_path_factory.mktemp("kbpg-tokens")
     try:
         load_kb(url, embedder)
         with psycopg.connect(url, autocommit=True) as conn:
-            for role in roles.values():
-                conn.execute(f'create role "{role}" nologin')
+            for who, role in roles.items():
+                if who != "ghost":
+                    conn.execute(f'create role "{role}" nologin')
             row = conn.execute("select reader_role from kb.access_settings").fetchone()
             assert row is not None and row[0]
             conn.execute(f'grant "{row[0]}" to "{roles["public"]}", "{roles["staff"]}"')
@@ -69,6 +71,8 @@ def setup(
             + token_line(PUBLIC_TOKEN, roles["public"], "public web widget")
             + "\n"
             + token_line("outsider-token", roles["outsider"])
+            + "\n"
+            + token_line(GHOST_TOKEN, roles["ghost"])  # a role that was never created
             + "\n"
         )
         env = env_for(url, home)
@@ -140,6 +144,21 @@ def test_a_role_without_search_rights_is_403_without_internals(setup: Setup) -> 
         "message": "this token may not search this knowledge base",
         "hint": "ask the server's operator to grant the token's role kbpg_reader",
     }
+
+
+def test_a_token_whose_role_does_not_exist_is_403_and_logged(setup: Setup) -> None:
+    """A server configuration error, not a bad request (it was 422 "check the request's
+    values"): the client learns nothing of roles, the server log names the role."""
+    response = search(setup, GHOST_TOKEN)
+    assert response.status_code == 403
+    assert response.json() == {
+        "error": "RoleUnavailable",
+        "message": "this token's database role cannot be used by the server",
+        "hint": "the server's operator must fix the token's role (the server log names it)",
+    }
+    log = (setup.tokens_file.parent / "serve.log").read_text()
+    assert f"RoleUnavailable (403): role '{setup.roles['ghost']}' does not exist" in log
+    assert sources(search(setup, PUBLIC_TOKEN)) == ALL - {STAFF_ONLY}  # others go on
 
 
 def test_the_tokens_file_is_reread_when_it_changes(setup: Setup) -> None:

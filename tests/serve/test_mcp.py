@@ -144,3 +144,78 @@ def test_tool_errors_name_no_internals(
     assert not seen["ok"].is_error
     assert seen["nul"].is_error and "NUL" in _text(seen["nul"])
     assert seen["badtype"].is_error
+
+
+def test_every_line_gets_an_answer_and_arguments_are_strict(
+    kb_env: dict[str, str],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    """The raw protocol, line by line: a lone surrogate got no response at all (the client
+    waited forever), nor did a line that is not JSON; `top: "5"` and `top: true` were accepted
+    and an unknown argument ignored. Now: the same strictness as the HTTP API."""
+    import json
+    import select
+    import subprocess
+
+    process = subprocess.Popen(
+        [KBPG, "mcp"],
+        env=kb_env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=(tmp_path / "stderr.log").open("w"),
+    )
+    assert process.stdin is not None and process.stdout is not None
+
+    def exchange(line: str, wait: float = 120) -> dict[str, Any]:
+        assert process.stdin is not None and process.stdout is not None
+        process.stdin.write(line.encode() + b"\n")
+        process.stdin.flush()
+        ready, _, _ = select.select([process.stdout], [], [], wait)
+        assert ready, f"no response to {line[:60]!r}"
+        return dict(json.loads(process.stdout.readline()))
+
+    def call(ident: int, name: str, arguments: dict[str, Any]) -> str:
+        return json.dumps(
+            {"jsonrpc": "2.0", "id": ident, "method": "tools/call",
+             "params": {"name": name, "arguments": arguments}}
+        )  # fmt: skip
+
+    try:
+        hello = {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        }
+        init = {"jsonrpc": "2.0", "id": 1, "method": "initialize", "params": hello}
+        assert "result" in exchange(json.dumps(init), wait=240)
+        process.stdin.write(b'{"jsonrpc": "2.0", "method": "notifications/initialized"}\n')
+        surrogate = call(2, "search_knowledge_base", {"query": "a"}).replace('"a"', '"a\\ud800"')
+        assert exchange(surrogate) == {
+            "jsonrpc": "2.0",
+            "id": 2,
+            "error": {
+                "code": -32600,
+                "message": "Invalid request: a string holds a lone surrogate (not UTF-8)",
+            },
+        }
+        assert exchange("{not json")["error"]["code"] == -32700
+        for ident, arguments, message in (
+            (3, {"query": "permit", "top": "5"}, "argument 'top' must be an integer, not a string"),
+            (
+                4,
+                {"query": "permit", "top": True},
+                "argument 'top' must be an integer, not a boolean",
+            ),
+            (5, {"query": "permit", "topp": 3}, "unknown argument 'topp'"),
+            (6, {"top": 3}, "argument 'query' is required"),
+            (7, {"query": "permit", "groups": "hr"}, "'groups' must be a list of strings"),
+        ):
+            result = exchange(call(ident, "search_knowledge_base", arguments))["result"]
+            assert result["isError"], arguments
+            assert message in result["content"][0]["text"], result
+        result = exchange(call(8, "search_knowledge_base", {"query": "parking fine", "top": 1}))
+        assert not result["result"]["isError"]
+        assert result["result"]["structuredContent"]["chunks"][0]["source"].endswith("fines.md")
+    finally:
+        process.kill()
+        process.wait()

@@ -1,4 +1,5 @@
-"""Catalog checks on every kb.* function: security invoker, pinned search_path, honest volatility."""
+"""Catalog checks on every kb.* function: pinned search_path, honest volatility, and SECURITY
+DEFINER only on the reader API, owned by the tables' owner and executable by no one else."""
 
 from __future__ import annotations
 
@@ -33,7 +34,7 @@ EXPECTED_VOLATILITY = {
     "kb.set_embedding_space(text,integer,text)": "v",
     "kb.reset_embedding_space(text,integer,text)": "v",
     "kb._check_query_embedding(vector)": "s",
-    "kb._chunk_filter_sql(text,text,text,text,text[],text,text[])": "i",
+    "kb._chunk_filter_sql(text,text,text,text,text,text[],text,text[],text[])": "i",
     "kb._chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",
     "kb._check_match_count(integer)": "i",
     "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[])": "s",
@@ -55,13 +56,22 @@ EXPECTED_VOLATILITY = {
     "kb.set_language(text)": "v",
     "kb._bm25_score(tsvector,integer,text[],double precision[],double precision)": "i",
     "kb._bm25_rank(text[],double precision[],double precision,tsquery,bigint[],integer,text[],"
-    "text,text[],boolean)": "s",
+    "text,text[],boolean,text[])": "s",
     "kb._lexical_threshold(vector[],integer,integer,bigint,double precision,bigint,"
     "double precision,bigint,bigint,double precision,bigint,integer,double precision,boolean)": "i",
     "kb._lexical_candidates(integer[],bit varying[],vector[],integer,bigint,double precision)": "i",
     "kb.search_lexical(text,integer,text[],text,text[])": "s",
     "kb.refresh_lexical_index(boolean)": "v",
     "kb.expand_graph(bigint[],integer,integer,double precision,text[],text,text[])": "s",
+    "kb._expand_graph(bigint[],integer,integer,double precision,text[],text,text[],text[])": "s",
+    "kb._access_caller()": "s",
+    "kb._access_visibility()": "s",
+    "kb._visible_to(text[],text[])": "i",
+    "kb.list_documents(text)": "s",
+    "kb.get_document(text[])": "s",
+    "kb.get_chunk(bigint)": "s",
+    "kb.get_embedding_space()": "s",
+    "kb.stats()": "s",
     "kb.fuse_rrf(bigint[],bigint[],bigint[],integer,double precision,double precision,"
     "double precision)": "i",
     "kb.cap_per_document(bigint[],bigint[],integer)": "i",
@@ -100,9 +110,31 @@ def kb_tables(conn: psycopg.Connection[Any]) -> list[str]:
 PINNED_SCHEMAS = {"pg_catalog", "pg_temp", "kb"}
 
 
-def test_every_function_is_security_invoker_with_pinned_search_path(functions):
+# A reader role has no privilege on kb's tables: it reads through these, which run with their
+# owner's rights and apply the caller's grants (sql/015). Nothing else may be SECURITY DEFINER.
+READER_API = {
+    "kb.search",
+    "kb.search_vector",
+    "kb.search_lexical",
+    "kb.expand_graph",
+    "kb.list_documents",
+    "kb.get_document",
+    "kb.get_chunk",
+    "kb.get_embedding_space",
+    "kb.stats",
+    "kb.list_grants",
+    "kb.access_status",
+}
+
+
+def test_every_function_pins_search_path_and_only_the_reader_api_is_security_definer(functions):
     for name, _kind, _vol, secdef, _par, config, _src, _trigger, sqlbody in functions:
-        assert not secdef, f"{name} is SECURITY DEFINER"
+        assert bool(secdef) == (name.split("(")[0] in READER_API), (
+            f"{name}: SECURITY DEFINER {secdef}"
+        )
+        if secdef:
+            # what a SECURITY DEFINER function resolves by name: nothing a caller can create
+            assert "search_path=pg_catalog, pg_temp" in config, f"{name}: {config}"
         paths = [c for c in config if c.startswith("search_path=")]
         if not config and sqlbody:
             # A SQL-standard body is bound when created (under pg_catalog, pg_temp: kbpg.db
@@ -242,7 +274,8 @@ def test_volatility_is_honest(functions, kb_tables):
 def test_search_functions_set_the_pgvector_knobs(functions):
     config = {row[0]: row[5] for row in functions}
     vector_arm = config[
-        "kb._search_vector(vector,integer,text[],text,text[],double precision,vector[],boolean)"
+        "kb._search_vector(vector,integer,text[],text,text[],double precision,vector[],boolean,"
+        "text[])"
     ]
     assert "hnsw.iterative_scan=relaxed_order" in vector_arm
     assert any(c.startswith("hnsw.ef_search=") for c in vector_arm)
@@ -257,3 +290,50 @@ def test_every_sql_function_has_a_comment(conn):
         "   and pg_catalog.obj_description(p.oid, 'pg_proc') is null"
     ).fetchall()
     assert missing == []
+
+
+def test_security_definer_functions_belong_to_the_owner_and_not_to_public(conn):
+    """Owned by the tables' owner (its rights are what the functions read with), executable by
+    the reader and writer roles and the owner, never by PUBLIC; their messages stay inside
+    (client_min_messages: a reader's debug_print_plan would print the plans of their statements,
+    estimates made from every row's statistics)."""
+    rows = conn.execute(
+        "select p.oid::regprocedure::text, p.proowner = c.relowner, p.proconfig,"
+        "       has_function_privilege('public', p.oid, 'EXECUTE'),"
+        "       has_function_privilege(s.reader_role, p.oid, 'EXECUTE'),"
+        "       has_function_privilege(s.writer_role, p.oid, 'EXECUTE'), p.prolang"
+        "  from pg_proc p, pg_class c, kb.access_settings s"
+        " where p.pronamespace = 'kb'::regnamespace and p.prosecdef"
+        "   and c.oid = 'kb.chunks'::regclass"
+    ).fetchall()
+    assert {r[0].split("(")[0] for r in rows} == READER_API
+    languages = dict(conn.execute("select oid, lanname from pg_language").fetchall())
+    for name, owned, config, public, reader, writer, lang in rows:
+        assert owned, name
+        assert not public, f"{name}: PUBLIC may execute it"
+        assert reader and writer, name
+        assert languages[lang] in ("sql", "plpgsql"), name
+        assert "client_min_messages=notice" in config, name
+
+
+def test_the_reader_role_executes_the_reader_api_and_reads_no_table(conn):
+    reader = conn.execute("select reader_role from kb.access_settings").fetchone()[0]
+    tables = conn.execute(
+        "select c.oid::regclass::text from pg_class c"
+        " where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'p', 'S')"
+        "   and (has_table_privilege(%s, c.oid, 'SELECT, INSERT, UPDATE, DELETE, TRUNCATE,"
+        " REFERENCES, TRIGGER') or has_any_column_privilege(%s, c.oid, 'SELECT, INSERT, UPDATE,"
+        " REFERENCES'))",
+        (reader, reader),
+    ).fetchall()
+    assert tables == []
+    api = {
+        r[0]
+        for r in conn.execute(
+            "select p.oid::regprocedure::text from pg_proc p"
+            " where p.pronamespace = 'kb'::regnamespace and p.prosecdef"
+            "   and has_function_privilege(%s, p.oid, 'EXECUTE')",
+            (reader,),
+        )
+    }
+    assert {name.split("(")[0] for name in api} == READER_API

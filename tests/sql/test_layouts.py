@@ -18,10 +18,17 @@ def executed_plans(conn: psycopg.Connection[Any], sql: str, params: Any = None) 
     """The plans of every statement `sql` ran, functions' inner statements included.
 
     auto_explain logs them; client_min_messages = log sends the log lines to this client as
-    notices. Everything is SET LOCAL, inside the test's transaction.
+    notices. Everything is SET LOCAL (or altered), inside the test's transaction.
     """
     notices: list[str] = []
     conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
+    # the reader API keeps its statements' messages inside (a reader's debug_print_plan would
+    # see plans made from every row's statistics): let them out, in this transaction only
+    for (function,) in conn.execute(
+        "select oid::regprocedure::text from pg_proc"
+        " where pronamespace = 'kb'::regnamespace and prosecdef"
+    ).fetchall():
+        conn.execute(f"alter function {function} reset client_min_messages")
     conn.execute("load 'auto_explain'")
     for name, value in (
         ("auto_explain.log_min_duration", "0"),

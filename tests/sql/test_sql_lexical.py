@@ -212,7 +212,7 @@ def lexical_given_filtered_ids(
 ) -> list[Any]:
     return conn.execute(
         "select rank, chunk_id, document_id, score from kb._search_lexical(%(q)s, %(k)s, %(g)s,"
-        " null, null, (select array_agg(c.id) from kb.chunks c where c.groups && %(g)s))",
+        " null, null, (select array_agg(c.id) from kb.chunks c where c.groups && %(g)s), null)",
         {"q": query, "k": k, "g": groups},
     ).fetchall()
 

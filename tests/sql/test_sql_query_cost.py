@@ -196,3 +196,58 @@ def test_depth_five_walk_on_a_70_chunk_clique(conn):
         "select chunk_id, depth from kb.expand_graph(%s::bigint[], 5, 3, 0.5)", ([nodes[0]],)
     ).fetchall()
     assert [r[0] for r in top] == [r[0] for r in expected[:3]]
+
+
+def test_work_multipliers_over_their_bound_are_kb003_with_a_hint(conn):
+    """Seeds of a graph walk, extra embeddings, names in a filter list: each multiplies what a
+    query reads (100,000 seeds took 23.9 s, 1,000 extra embeddings a minute)."""
+    conn.execute("select kb.set_embedding_space('cost-model', 3)")
+    doc = add_doc(conn, "cost")
+    hit = add_chunk(conn, doc, "parking permit", [1, 0, 0])
+    seeds = list(range(1, 1002))
+    names = [f"g{i}" for i in range(1001)]
+    for sql, params in (
+        ("select * from kb.expand_graph(%s::bigint[])", (seeds,)),
+        (
+            "select * from kb.search('permit', '[1,0,0]', extra_embeddings => %s::vector[])",
+            (["[1,0,0]"] * 9,),
+        ),
+        ("select * from kb.search_lexical('permit', groups => %s)", (names,)),
+        ("select * from kb.search_vector('[1,0,0]', labels => %s)", (names,)),
+        ("select * from kb.expand_graph(array[1]::bigint[], groups => %s)", (names,)),
+    ):
+        with raises_sqlstate(conn, "KB003") as info:
+            conn.execute(sql, params)
+        assert info.value.diag.message_hint, sql
+    # at the bound they run
+    assert conn.execute("select count(*) from kb.expand_graph(%s::bigint[])", (seeds[:1000],))
+    rows = conn.execute(
+        "select chunk_id from kb.search('permit', '[1,0,0]', extra_embeddings => %s::vector[])",
+        (["[1,0,0]"] * 8,),
+    ).fetchall()
+    assert rows == [(hit,)]
+
+
+def test_a_graph_walk_expands_at_most_its_budget_best_first(conn):
+    """S -> A1..A5 (weights .9 .. .5) -> B1..B5: with a budget of 3 chunks expanded, S and the
+    two best A's are; B3..B5 are never reached. The budget is 2,000 (a reader cannot raise it)."""
+    doc = add_doc(conn, "walk")
+    s = add_chunk(conn, doc, "start")
+    a = [add_chunk(conn, doc, f"a{i}") for i in range(5)]
+    b = [add_chunk(conn, doc, f"b{i}") for i in range(5)]
+    for i in range(5):
+        add_edge(conn, s, a[i], 0.9 - i / 10)
+        add_edge(conn, a[i], b[i], 1.0)
+
+    def walked() -> set[int]:
+        return set(
+            ids(
+                conn.execute(
+                    "select * from kb.expand_graph(array[%s]::bigint[], 2, 20, 0)", (s,)
+                ).fetchall()
+            )
+        )
+
+    assert walked() == set(a) | set(b)
+    conn.execute("set local kb.graph_walk_budget = 3")
+    assert walked() == set(a) | {b[0], b[1]}
