@@ -53,6 +53,10 @@ class StageUnavailable(ConfigError):
 class ModelError(KbpgError):
     """A model server (embedding, reranker, chat) failed, timed out or answered nonsense."""
 
+    # The server answered and refused this request's input (HTTP 400, 413, 422): the input, not
+    # the server, is at fault; sending the same input again will not help.
+    refused: bool = False
+
 
 class EmbeddingError(ModelError):
     """The embedding model or server failed."""

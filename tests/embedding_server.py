@@ -21,12 +21,16 @@ class EmbeddingServer(LocalServer):
         api_key: str | None = None,
         fail_first: int = 0,
         fail_status: int = 503,
+        refuse: str | None = None,
     ) -> None:
         super().__init__(api_key=api_key)
         self.embedder = embedder
         self.model = model
         self.script = [str(fail_status)] * fail_first
         self.batches: list[int] = []
+        # a batch holding a text with this marker is refused (HTTP 400), as servers refuse an
+        # input over their limits or their content policy
+        self.refuse = refuse
 
     @property
     def base_url(self) -> str:
@@ -47,6 +51,8 @@ class EmbeddingServer(LocalServer):
             return 404, {"error": {"message": f"model {payload.get('model')} not found"}}
         texts = payload["input"]
         self.batches.append(len(texts))
+        if self.refuse is not None and any(self.refuse in t for t in texts):
+            return 400, {"error": {"message": "input refused", "type": "invalid_request_error"}}
         vectors = self.embedder.embed_documents(texts)
         data = [
             {"object": "embedding", "index": i, "embedding": v.tolist()}

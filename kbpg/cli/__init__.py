@@ -1,6 +1,7 @@
 """The `kbpg` command line: stdout carries data, stderr carries errors and progress.
 
-One module per command family (db, search, library, access); this one is the entry point.
+One module per command family (db, search, library, access, sources); this one is the entry
+point.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Any
 import click
 
 from kbpg import __version__
-from kbpg.cli import access, db, library, search
+from kbpg.cli import access, db, library, search, sources
 from kbpg.cli.common import AppContext
 
 __all__ = ["main"]
@@ -52,6 +53,8 @@ for command in (
     library.recontextualize,
     library.embed,
     access.access,
+    sources.sources,
+    sources.sync_command,
 ):
     main.add_command(command)
 

@@ -7,7 +7,7 @@ import functools
 import logging
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +28,14 @@ from kbpg.ingest.prepare import (
     embed_texts,
 )
 from kbpg.ingest.sources import discover, iter_documents
-from kbpg.ingest.writer import copy_chunk_rows, copy_rows, write_documents, write_relations, writer
+from kbpg.ingest.writer import (
+    copy_chunk_rows,
+    copy_rows,
+    lock_transaction,
+    write_documents,
+    write_relations,
+    writer,
+)
 from kbpg.models.chat import ChatClient
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder
@@ -41,6 +48,7 @@ _log = logging.getLogger(__name__)
 __all__ = [
     "MAX_ENTITY_DOCUMENTS",
     "Document",
+    "DocumentWriter",
     "IngestProgress",
     "IngestSummary",
     "LoadFailure",
@@ -183,12 +191,16 @@ class _Run:
         progress: ProgressCallback | None,
         batch_documents: int = BATCH_DOCUMENTS,
         chat: ChatClient | None = None,
+        write_lock_wait_ms: int | None = None,
     ) -> None:
         self.db = db
         self.conn = conn
         self.principal = principal
         self.embedder = embedder
         self.progress = progress
+        # None: the caller holds kbpg's write lock for the whole run (an ingest job); else each
+        # write transaction takes it for itself, waiting up to this long (kbpg sync)
+        self.write_lock_wait_ms = write_lock_wait_ms
         self.summary = IngestSummary()
         # looks up and prepares the next batches on a second connection while conn writes
         self.preparer = BatchPreparer(
@@ -347,8 +359,12 @@ class _Run:
             return False
         return True
 
-    def transaction(self) -> contextlib.AbstractContextManager[Connection]:
-        return self.db.transaction(self.conn, self.principal, write=True)
+    @contextlib.contextmanager
+    def transaction(self) -> Iterator[Connection]:
+        with self.db.transaction(self.conn, self.principal, write=True) as conn:
+            if self.write_lock_wait_ms is not None:
+                lock_transaction(conn, self.write_lock_wait_ms)
+            yield conn
 
     def _staged(self) -> bool:
         """Whether row-level security applies to this writer (COPY then goes through a stage)."""
@@ -446,6 +462,99 @@ def _ingest(
             return run.finish()
     finally:
         telemetry.report.ingest_running(-1)
+
+
+class DocumentWriter:
+    """Documents written through the ingest pipeline (chunks, vectors, BM25 statistics, edges,
+    groups) on connections the caller holds, one batch at a time and without kbpg's write lock
+    for the whole job: each write transaction takes the lock for itself (waiting up to
+    KBPG_WRITE_LOCK_WAIT), so an ingest job and sync workers take turns batch by batch.
+
+    `conn` writes; `reader` (autocommit) looks up what is stored. The caller refreshes the
+    derived edges and the lexical cache (`refresh()`) when it pauses, as an ingest does at its end.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        models: ModelClients,
+        conn: Connection,
+        reader: Connection,
+        *,
+        embedder: Embedder | None = None,
+        principal: Principal | None = None,
+        contextual: bool | None = None,
+    ) -> None:
+        self.db = db
+        self.conn = conn
+        self.reader = reader
+        self.principal = principal
+        self.embedder = embedder or models.document_embedder()
+        wanted = models.settings.contextual if contextual is None else contextual
+        self.chat = models.chat() if wanted else None
+        self.changed = False  # since the last refresh()
+        self._space_registered = False
+
+    def _run(self) -> _Run:
+        if not self._space_registered:
+            _register_space(self.db, self.conn, self.principal, self.embedder)
+            self._space_registered = True
+        return _Run(
+            self.db,
+            self.conn,
+            self.principal,
+            self.reader,
+            self.embedder,
+            None,
+            chat=self.chat,
+            write_lock_wait_ms=self.db.settings.write_lock_wait_ms,
+        )
+
+    def write(self, documents: Sequence[Document]) -> IngestSummary:
+        """Write these documents (new ones added, changed ones replaced, unchanged skipped), a
+        batch a transaction; a document whose data fails is in the summary's failures (where =
+        its source). A model that fails raises (ModelError), leaving what was written."""
+        run = self._run()
+        run.run(documents)
+        run.summary.total_s = time.perf_counter() - run.started
+        self.changed = self.changed or run.summary.changed
+        return run.summary
+
+    def delete(self, sources: Sequence[str]) -> list[str]:
+        """Delete the documents of these sources (those that exist); the deleted sources."""
+        if not sources:
+            return []
+        run = self._run()
+        with run.transaction():
+            rows = self.conn.execute(queries.DELETE_DOCUMENT_BY_SOURCE, (list(sources),)).fetchall()
+        self.changed = self.changed or bool(rows)
+        return [str(r[0]) for r in rows]
+
+    def defer_index(self, incoming_chunks: int) -> bool:
+        """Drop the HNSW index before a load into an empty knowledge base (or one the load at
+        least doubles), as an ingest does; True when it was dropped (ensure_index builds it)."""
+        return indexing.defer_index(self.conn, self._run().transaction, incoming_chunks)
+
+    def ensure_index(self, progress: indexing.ProgressCallback | None = None) -> bool:
+        """Build the HNSW index if it is missing (a deferred load), under kbpg's write lock
+        (taken only when there is one to build)."""
+        with self.db.transaction(self.conn, self.principal, write=True):
+            if indexing.index_present(self.conn):
+                return False
+            if self.conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is None:
+                return False
+        return indexing.ensure_index(self.conn, self.db.url, progress, self._run().transaction)
+
+    def refresh(self) -> int:
+        """Derived edges and the lexical cache brought up to date after changes; edges added."""
+        if not self.changed:
+            return 0
+        run = self._run()
+        with run.transaction():
+            added, _ = refresh_edges(self.conn)
+            self.conn.execute(queries.REFRESH_LEXICAL_INDEX)
+        self.changed = False
+        return added
 
 
 def ingest_documents(

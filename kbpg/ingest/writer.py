@@ -185,6 +185,26 @@ def _release_write_lock(conn: Connection) -> None:
         conn.close()
 
 
+def lock_transaction(conn: Connection, wait_ms: int) -> None:
+    """Take kbpg's write lock for the open transaction only: a writer that works batch by batch
+    (kbpg sync) then interleaves with an ingest job between its batches. Waits up to `wait_ms`
+    for the holder (Busy after that); the transaction's own lock_timeout applies again after."""
+    row = conn.execute(queries.WRITE_XACT_TRY_LOCK, (WRITE_LOCK_KEY,)).fetchone()
+    if row is not None and row[0]:
+        return
+    _log.info("waiting up to %.0f s for kbpg's write lock", wait_ms / 1000)
+    try:
+        saved = conn.execute(queries.LOCK_TIMEOUT).fetchone()
+        conn.execute(queries.WRITE_LOCK_WAIT, (f"{max(wait_ms, 1)}ms",))
+        conn.execute(queries.WRITE_XACT_LOCK, (WRITE_LOCK_KEY,))
+        conn.execute(queries.SET_LOCAL, ("lock_timeout", saved[0] if saved else "0"))
+    except psycopg.errors.LockNotAvailable:
+        raise Busy(
+            f"another kbpg writer held kbpg's write lock for {wait_ms / 1000:g} s",
+            hint="let it finish, or wait longer with --lock-wait (KBPG_WRITE_LOCK_WAIT)",
+        ) from None
+
+
 def _wait_for_write_lock(conn: Connection, wait_ms: int) -> None:
     """Take the write lock; while another writer holds it say so (on stderr through logging)
     and give up after `wait_ms` (KBPG_WRITE_LOCK_WAIT, `kbpg ingest --lock-wait`)."""

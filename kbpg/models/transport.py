@@ -131,10 +131,13 @@ class ModelHTTP:
                 continue
             if status >= 400:
                 telemetry.report.model_error(self.client, "refused")
-                raise self.error(
+                refused = self.error(
                     f"{self.what} {url} refused the request: HTTP {status}: {text[:300]}",
                     hint=self.hint_refused,
                 )
+                # bad input (400, 413, 422), unlike a key or model name the server does not know
+                refused.refused = status in (400, 413, 422)
+                raise refused
             try:
                 return json.loads(text)
             except ValueError as exc:

@@ -92,6 +92,10 @@ select a.pid, a.application_name, a.backend_start
  limit 1
 """
 WRITE_UNLOCK: Final = "select pg_catalog.pg_advisory_unlock(%s)"
+# The same lock for one transaction (a sync worker writes batch by batch).
+WRITE_XACT_LOCK: Final = "select pg_catalog.pg_advisory_xact_lock(%s)"
+WRITE_XACT_TRY_LOCK: Final = "select pg_catalog.pg_try_advisory_xact_lock(%s)"
+LOCK_TIMEOUT: Final = "select pg_catalog.current_setting('lock_timeout')"
 SET_EMBEDDING_SPACE: Final = (
     "select kb.set_embedding_space(model_name => %s, vector_dimension => %s)"
 )
@@ -368,6 +372,82 @@ select pg_catalog.pg_is_in_recovery(),
                  'pg_catalog.pg_is_wal_replay_paused()', 'execute')
             then pg_catalog.pg_is_wal_replay_paused() end
 """
+
+# -- table sources (sql/090-table-sources.sql) ------------------------------------------------
+
+SOURCE_COLUMNS: Final = (
+    "name, source_table, key_columns, text_column, title_column, groups_column, category_column,"
+    " labels_column, metadata_columns, notify, version, created_at, altered_at, queued, claimed,"
+    " errors, oldest_queued_at, backfill_state, backfill_enqueued, backfill_total,"
+    " backfill_done_at, documents"
+)
+SOURCE_ADD: Final = (
+    "select name, table_name, key_columns, triggers from kb.add_table_source("
+    "%(name)s, %(table)s::regclass, id => %(id)s, text => %(text)s, title => %(title)s,"
+    " groups => %(groups)s, category => %(category)s, labels => %(labels)s,"
+    " metadata => %(metadata)s::text[], notify => %(notify)s)"
+)
+SOURCE_ALTER: Final = (
+    "select name, table_name, key_columns, triggers from kb.alter_table_source("
+    "%(name)s, text => %(text)s, title => %(title)s, groups => %(groups)s,"
+    " category => %(category)s, labels => %(labels)s, metadata => %(metadata)s::text[],"
+    " notify => %(notify)s)"
+)
+SOURCE_REMOVE: Final = (
+    "select name, documents_deleted, triggers_left"
+    " from kb.remove_table_source(%(name)s, drop_documents => %(drop)s)"
+)
+SOURCE_RESYNC: Final = "select kb.resync_table_source(%(name)s)"
+SOURCE_LIST: Final = f"select {SOURCE_COLUMNS} from kb.list_table_sources(%(name)s)"
+SOURCE_ERRORS: Final = (
+    "select source_name, key, document, error, attempts, first_failed_at, last_failed_at,"
+    " retry_at from kb.list_source_errors(%(name)s)"
+)
+SOURCE_RETRY: Final = "select kb.retry_source_errors(%(name)s)"
+
+# The sync worker. Its session holds the advisory lock (SYNC_LOCK_CLASS, worker) while it has
+# claims: a claim whose lock is free belongs to a worker that is gone (kb._source_reclaim).
+SYNC_LOCK_CLASS: Final = 0x6B627073  # "kbps"
+SYNC_CHANNEL: Final = "kbpg_sync"
+SYNC_LOCK: Final = "select pg_catalog.pg_try_advisory_lock(%s, %s)"
+SYNC_UNLOCK: Final = "select pg_catalog.pg_advisory_unlock(%s, %s)"
+SYNC_LISTEN: Final = f"listen {SYNC_CHANNEL}"
+SYNC_UNLISTEN: Final = f"unlisten {SYNC_CHANNEL}"
+SYNC_SOURCES: Final = (
+    "select id, name, backfill_state, key_columns from kb.table_sources order by name"
+)
+# a source's table (schema-qualified) and the role to grant it to: kbpg's writer role, or this one
+SYNC_SOURCE_TABLE: Final = """
+select pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),
+       coalesce((select a.writer_role from kb.access_settings a), current_user)
+  from kb.table_sources s
+  join pg_catalog.pg_class c on c.oid = s.relation
+  join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+ where s.id = %s
+"""
+SYNC_RECLAIM: Final = "select kb._source_reclaim(%s)"
+SYNC_REQUEUE_ERRORS: Final = "select kb._source_requeue_errors(%s)"
+SYNC_BACKFILL: Final = (
+    "select enqueued, state, total, done from kb._source_backfill(%s, %s, worker => %s)"
+)
+SYNC_PENDING: Final = "select count(*) from kb.source_queue where source_id = any(%s) and op = 'B'"
+SYNC_CLAIM: Final = "select source_id, key, op, enqueued_at from kb._source_claim(%s, %s, %s)"
+SYNC_ROWS: Final = (
+    "select key, document, present, body, title, groups, category, labels, metadata"
+    " from kb._source_rows(%s, %s)"
+)
+SYNC_ORPHANS: Final = "select document from kb._source_orphans(%s)"
+SYNC_SETTLE: Final = "select kb._source_settle(%s, %s, %s, %s)"
+SYNC_RELEASE: Final = "select kb._source_release(%s, %s)"
+SYNC_QUEUED: Final = (
+    "select exists (select 1 from kb.source_queue q where q.source_id = any(%(ids)s)"
+    " and not exists (select 1 from kb.source_claims c"
+    " where c.source_id = q.source_id and c.key = q.key))"
+    " or exists (select 1 from kb.source_errors e where e.source_id = any(%(ids)s)"
+    " and e.retry_at <= now())"
+    " or exists (select 1 from kb.table_sources s where s.id = any(%(ids)s)"
+    " and s.backfill_state <> 'done')"
+)
 
 # -- the knowledge base's language (sql/015) ---------------------------------------------------
 

@@ -1,0 +1,1285 @@
+-- kbpg: application tables as sources — rows kept as documents by `kbpg sync`.
+--
+--   select * from kb.add_table_source('articles', 'public.articles', text => 'body',
+--       title => 'title', groups => 'visible_to', category => 'section', labels => 'tags',
+--       metadata => '{author, updated_at}');
+--   -- then run the worker: kbpg sync --watch
+--
+-- Change capture without an extension: row triggers on the application's table add
+-- (source, key, op) to kb.source_queue and do nothing else — no model call, no lock beyond the
+-- queue row, no error of their own (ON CONFLICT DO NOTHING: one entry per key however often the
+-- row changes, so the queue never outgrows the table). An UPDATE fires them only when a column
+-- the source reads changed (UPDATE OF those columns, and a WHEN clause comparing them).
+-- A worker claims entries (kb._source_claim: FOR UPDATE SKIP LOCKED, moved to
+-- kb.source_claims in a statement of their own, so an application write never waits on a
+-- worker that embeds), reads the current rows (kb._source_rows) and writes their documents
+-- through the ingest pipeline; `table:<source>/<key>` is a row's document. The worker's session
+-- holds the advisory lock (1801613427, worker): a claim whose lock is free is back in the queue
+-- for the next worker (kb._source_reclaim). A row that cannot be ingested is parked in
+-- kb.source_errors and retried with backoff (kb._source_settle, kb._source_requeue_errors).
+-- The rows that existed before the source are enqueued a page at a time by the worker
+-- (kb._source_backfill), resumable from kb.table_sources.backfill_cursor.
+--
+-- Privileges: adding a source needs TRIGGER on the table and kbpg's writer role (the catalog
+-- lives in schema kb); the worker needs SELECT on the table and must see every row (it reads
+-- with row_security off: a policy hiding rows is an error, not deleted documents). The two
+-- trigger functions are SECURITY DEFINER (kbpg's only ones besides the reader API, sql/075):
+-- they let any role that writes the table add to the queue, without a grant on schema kb.
+-- Readers get nothing here: no table privilege (sql/080), no EXECUTE on the triggers.
+
+-- -- names, keys and documents ------------------------------------------------------------
+
+create or replace function kb._source_document(source_name text, key text[])
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- `/` separates the key's columns: inside a value it is %2F (and % is %25)
+return 'table:' || source_name || '/'
+       || pg_catalog.array_to_string(
+              array(select pg_catalog.replace(pg_catalog.replace(k.v, '%', '%25'), '/', '%2F')
+                      from pg_catalog.unnest(key) with ordinality as k(v, n) order by k.n), '/');
+comment on function kb._source_document(text, text[]) is
+    'The document source of a row of a table source: table:<source>/<key column values>, / and % '
+    'escaped inside a value.';
+
+create or replace function kb._source_document_key(prefix text, document_source text)
+returns text[]
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+return array(select pg_catalog.replace(pg_catalog.replace(k.v, '%2F', '/'), '%25', '%')
+               from pg_catalog.unnest(pg_catalog.string_to_array(
+                        pg_catalog.substr(document_source, pg_catalog.length(prefix) + 1), '/'))
+                    with ordinality as k(v, n)
+              order by k.n);
+comment on function kb._source_document_key(text, text) is
+    'The key values of a table source''s document source (kb._source_document read back).';
+
+create or replace function kb._source_keys(keys jsonb)
+returns table (key text[])
+language sql
+immutable
+parallel safe
+rows 100
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select array(select x.v from pg_catalog.jsonb_array_elements_text(e.k) with ordinality as x(v, n)
+                  order by x.n)
+      from pg_catalog.jsonb_array_elements(keys) as e(k);
+end;
+comment on function kb._source_keys(jsonb) is
+    'Keys passed as a JSON array of arrays of strings, as text[] (how the worker hands them over).';
+
+create or replace function kb._source_backoff(attempts integer)
+returns interval
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+return least(interval '1 hour',
+                        interval '30 seconds' * pg_catalog.power(2, least(greatest(attempts, 1), 8) - 1));
+comment on function kb._source_backoff(integer) is
+    'How long a parked row waits before its next retry: 30 s after the first failure, doubling '
+    'up to 1 h.';
+
+create or replace function kb._source_by_name(source_name text)
+returns kb.table_sources
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    found_source kb.table_sources;
+begin
+    select * into found_source from kb.table_sources s where s.name = _source_by_name.source_name;
+    if not found then
+        raise exception 'no table source named "%"', source_name
+            using errcode = '42704', hint = 'kbpg sources list (select * from kb.list_table_sources()) shows them';
+    end if;
+    return found_source;
+end
+$$;
+comment on function kb._source_by_name(text) is
+    'The table source of this name; 42704 when there is none.';
+
+-- -- checking a definition against the table ----------------------------------------------
+
+create or replace function kb._source_attribute(relation regclass, column_name text)
+returns table (type_name text, category "char", element_category "char", base_type oid,
+               element_type oid)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select pg_catalog.format_type(a.atttypid, a.atttypmod), t.typcategory, e.typcategory,
+           case when t.typtype = 'd' then t.typbasetype else t.oid end, e.oid
+      from pg_catalog.pg_attribute a
+      join pg_catalog.pg_type t on t.oid = a.atttypid
+      left join pg_catalog.pg_type e on e.oid = t.typelem and t.typcategory = 'A'
+     where a.attrelid = relation and a.attname = column_name and a.attnum > 0
+       and not a.attisdropped;
+end;
+comment on function kb._source_attribute(regclass, text) is
+    'A column''s type, its type category and (for an array) its element''s category; no row '
+    'when the table has no such column.';
+
+create or replace function kb._source_check_column(
+    relation regclass,
+    column_name text,
+    parameter text,
+    kind text
+)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    found_type text;
+    found_category "char";
+    found_element "char";
+    found_base oid;
+    found_element_type oid;
+begin
+    select a.type_name, a.category, a.element_category, a.base_type, a.element_type
+      into found_type, found_category, found_element, found_base, found_element_type
+      from kb._source_attribute(relation, column_name) a;
+    if not found then
+        raise exception 'column "%" of % does not exist (%)', column_name, relation, parameter
+            using errcode = '42703',
+                  hint = 'its columns: ' || (select pg_catalog.string_agg(pg_catalog.quote_ident(a.attname), ', ' order by a.attnum)
+                                                from pg_catalog.pg_attribute a
+                                               where a.attrelid = relation and a.attnum > 0 and not a.attisdropped);
+    end if;
+    if kind = 'text' and found_category <> 'S' then
+        raise exception 'column "%" of % is %, not text (%)', column_name, relation, found_type, parameter
+            using errcode = '42804',
+                  hint = 'the text column must be text, varchar or char; for another type add one, e.g. '
+                         'alter table ... add column body_text text generated always as (...) stored';
+    elsif kind = 'list'
+          and not (found_category in ('S', 'N', 'E') or found_base = 'pg_catalog.uuid'::regtype
+                   or (found_category = 'A' and (found_element in ('S', 'N', 'E')
+                                                 or found_element_type = 'pg_catalog.uuid'::regtype))) then
+        raise exception 'column "%" of % is %, not a list of names (%)', column_name, relation, found_type, parameter
+            using errcode = '42804',
+                  hint = 'use a text[] column (several names) or a column of one name (text, a number, '
+                         'a uuid or an enum)';
+    elsif kind = 'scalar' and found_category = 'A' then
+        raise exception 'column "%" of % is %, an array (%)', column_name, relation, found_type, parameter
+            using errcode = '42804', hint = 'use a column that holds one value';
+    elsif kind = 'key' and not (found_category in ('S', 'D', 'B', 'E')
+                                or (found_category = 'N' and found_base not in ('pg_catalog.float4'::regtype,
+                                                                                'pg_catalog.float8'::regtype))
+                                or found_base = 'pg_catalog.uuid'::regtype) then
+        raise exception 'column "%" of % is %, which cannot be a table source''s key (%)',
+                column_name, relation, found_type, parameter
+            using errcode = '42804',
+                  hint = 'a key column holds integers, numerics, text, uuids, dates, times, booleans or enums';
+    end if;
+end
+$$;
+comment on function kb._source_check_column(regclass, text, text, text) is
+    'Raise 42703 (with the table''s columns) when the column is missing, 42804 when its type '
+    'cannot serve as kind: text (string types), list (text[] or text), scalar (no array) or key.';
+
+create or replace function kb._source_key_columns(relation regclass, id text)
+returns text[]
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    keys text[];
+    k text;
+    key_set text[];
+begin
+    if id is null then
+        select array(select a.attname::text
+                       from pg_catalog.unnest(i.indkey) with ordinality as u(attnum, n)
+                       join pg_catalog.pg_attribute a on a.attrelid = i.indrelid and a.attnum = u.attnum
+                      order by u.n)
+          into keys
+          from pg_catalog.pg_index i where i.indrelid = relation and i.indisprimary;
+        if keys is null then
+            raise exception '% has no primary key', relation
+                using errcode = '42P10',
+                      hint = 'name a unique, NOT NULL column: id => ''column'' (or several: id => ''a, b'')';
+        end if;
+        if pg_catalog.cardinality(keys) > 1 then
+            raise exception '% has a composite primary key (%)', relation, pg_catalog.array_to_string(keys, ', ')
+                using errcode = '42P10',
+                      hint = format('name its columns explicitly: id => %L', pg_catalog.array_to_string(keys, ', '));
+        end if;
+    else
+        keys := array(select pg_catalog.btrim(k.v, ' "')
+                        from pg_catalog.unnest(pg_catalog.string_to_array(pg_catalog.btrim(id, '{} '), ','))
+                             with ordinality as k(v, n)
+                       order by k.n);
+        if pg_catalog.cardinality(keys) = 0 or '' = any (keys) then
+            raise exception 'id => % names no column', pg_catalog.quote_literal(id)
+                using errcode = '22023', hint = 'id => ''id'', or several columns: id => ''tenant_id, id''';
+        end if;
+        if (select pg_catalog.count(distinct v) from pg_catalog.unnest(keys) as v) <> pg_catalog.cardinality(keys) then
+            raise exception 'id => % names a column twice', pg_catalog.quote_literal(id) using errcode = '22023';
+        end if;
+    end if;
+    foreach k in array keys loop
+        perform kb._source_check_column(relation, k, 'id', 'key');
+        if not (select a.attnotnull from pg_catalog.pg_attribute a
+                 where a.attrelid = relation and a.attname = k) then
+            raise exception 'key column "%" of % may be NULL', k, relation
+                using errcode = '42P10',
+                      hint = format('a row is found by its key: alter table %s alter column %I set not null', relation, k);
+        end if;
+    end loop;
+    select array(select v from pg_catalog.unnest(keys) as v order by v) into key_set;
+    if not exists (
+        select 1 from pg_catalog.pg_index i
+         where i.indrelid = relation and i.indisunique and i.indpred is null and i.indexprs is null
+           and i.indnkeyatts = pg_catalog.cardinality(keys)
+           and array(select a.attname::text
+                       from pg_catalog.unnest(i.indkey[0:i.indnkeyatts - 1]) as u(attnum)
+                       join pg_catalog.pg_attribute a on a.attrelid = i.indrelid and a.attnum = u.attnum
+                      order by 1) = key_set) then
+        raise exception '% has no unique index on (%)', relation, pg_catalog.array_to_string(keys, ', ')
+            using errcode = '42P10',
+                  hint = format('a key identifies one row: alter table %s add unique (%s)', relation,
+                                (select pg_catalog.string_agg(pg_catalog.quote_ident(v), ', ') from pg_catalog.unnest(keys) as v));
+    end if;
+    return keys;
+end
+$$;
+comment on function kb._source_key_columns(regclass, text) is
+    'The key columns of a table source: `id` (one column, or several separated by commas) or the '
+    'single-column primary key; each NOT NULL, of a key type, with a unique index on exactly '
+    'them. 42P10 (with the statement to fix it) otherwise.';
+
+create or replace function kb._source_check_definition(
+    relation regclass,
+    text_column text,
+    title_column text,
+    groups_column text,
+    category_column text,
+    labels_column text,
+    metadata_columns text[]
+)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    m text;
+begin
+    if text_column is null or text_column = '' then
+        raise exception 'a table source needs a text column' using errcode = '22023',
+            hint = 'text => ''body'' (the column whose text is chunked, embedded and indexed)';
+    end if;
+    perform kb._source_check_column(relation, text_column, 'text', 'text');
+    if title_column is not null then
+        perform kb._source_check_column(relation, title_column, 'title', 'scalar');
+    end if;
+    if groups_column is not null then
+        perform kb._source_check_column(relation, groups_column, 'groups', 'list');
+    end if;
+    if category_column is not null then
+        perform kb._source_check_column(relation, category_column, 'category', 'scalar');
+    end if;
+    if labels_column is not null then
+        perform kb._source_check_column(relation, labels_column, 'labels', 'list');
+    end if;
+    if pg_catalog.cardinality(metadata_columns) > 50 then
+        raise exception 'metadata => names % columns, over 50', pg_catalog.cardinality(metadata_columns)
+            using errcode = '22023';
+    end if;
+    foreach m in array coalesce(metadata_columns, '{}') loop
+        if m is null or m = '' then
+            raise exception 'metadata => holds an empty column name' using errcode = '22023',
+                hint = 'metadata => ''{author, updated_at}''';
+        end if;
+        perform kb._source_check_column(relation, m, 'metadata', 'any');
+    end loop;
+end
+$$;
+comment on function kb._source_check_definition(regclass, text, text, text, text, text, text[]) is
+    'Check a table source''s columns against its table: 42703 for a missing column, 42804 for a '
+    'type the column cannot serve as, 22023 for no text column.';
+
+-- -- the triggers -----------------------------------------------------------------------------
+
+create or replace function kb._source_enqueue()
+returns trigger
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+-- as every SECURITY DEFINER function of kbpg's: the plans of its statements are not the caller's
+-- to print (debug_print_plan)
+set client_min_messages = notice
+as $$
+declare
+    source_id integer;
+    source_name text;
+    source_relation regclass;
+    key_columns text[];
+    wants_notify boolean;
+    row_json jsonb;
+    old_key text[];
+    new_key text[];
+    k text;
+    queued boolean := false;
+begin
+    select s.id, s.name, s.relation, s.key_columns, s.notify
+      into source_id, source_name, source_relation, key_columns, wants_notify
+      from kb.table_sources s where s.id = tg_argv[0]::integer;
+    -- a removed source (its triggers left by a role that may not drop them), or a trigger kbpg
+    -- did not create: nothing to do, and nothing to fail
+    if source_id is null or (source_relation <> tg_relid
+                             and pg_catalog.pg_partition_root(tg_relid) is distinct from source_relation) then
+        return null;
+    end if;
+    -- an update that kept the key (second argument 'update') needs the new row only
+    if tg_op = 'DELETE' or (tg_op = 'UPDATE' and tg_nargs < 2) then
+        row_json := pg_catalog.to_jsonb(old);
+        if pg_catalog.cardinality(key_columns) = 1 then
+            old_key := array[row_json operator(pg_catalog.->>) key_columns[1]];
+        else
+            old_key := '{}';
+            foreach k in array key_columns loop
+                old_key := old_key operator(pg_catalog.||) (row_json operator(pg_catalog.->>) k);
+            end loop;
+        end if;
+    end if;
+    if tg_op <> 'DELETE' then
+        row_json := pg_catalog.to_jsonb(new);
+        if pg_catalog.cardinality(key_columns) = 1 then
+            new_key := array[row_json operator(pg_catalog.->>) key_columns[1]];
+        else
+            new_key := '{}';
+            foreach k in array key_columns loop
+                new_key := new_key operator(pg_catalog.||) (row_json operator(pg_catalog.->>) k);
+            end loop;
+        end if;
+    end if;
+    -- a deleted row, or the old key of a row whose key changed: its document goes
+    if old_key is not null and old_key is distinct from new_key then
+        insert into kb.source_queue (source_id, key, op) values (source_id, old_key, 'D')
+        on conflict do nothing;
+        queued := found;
+    end if;
+    if new_key is not null then
+        insert into kb.source_queue (source_id, key, op)
+        values (source_id, new_key, case tg_op when 'INSERT' then 'I' else 'U' end)
+        on conflict do nothing;
+        queued := queued or found;
+    end if;
+    -- a NOTIFY fails a commit when the notification queue is full: skip it well before (the
+    -- worker polls as well)
+    if queued and wants_notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
+        perform pg_catalog.pg_notify('kbpg_sync', source_name);
+    end if;
+    return null;
+end
+$$;
+comment on function kb._source_enqueue() is
+    'Row trigger of a table source (argument: its id): adds the row''s key to kb.source_queue '
+    '(the old key too when a row is deleted or its key changes) and notifies kbpg_sync. Security '
+    'definer so that the application''s roles need no grant on schema kb; it writes nothing else.';
+
+create or replace function kb._source_enqueue_truncate()
+returns trigger
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    source_id integer;
+    source_name text;
+    wants_notify boolean;
+begin
+    select s.id, s.name, s.notify into source_id, source_name, wants_notify
+      from kb.table_sources s
+     where s.id = tg_argv[0]::integer
+       and (s.relation = tg_relid or s.relation = pg_catalog.pg_partition_root(tg_relid));
+    if source_id is null then
+        return null;
+    end if;
+    insert into kb.source_queue (source_id, key, op) values (source_id, '{}', 'T')
+    on conflict do nothing;
+    if found and wants_notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
+        perform pg_catalog.pg_notify('kbpg_sync', source_name);
+    end if;
+    return null;
+end
+$$;
+comment on function kb._source_enqueue_truncate() is
+    'Statement trigger of a table source on TRUNCATE: queues the source''s empty key, whose worker '
+    'deletes the documents of rows that are gone.';
+
+create or replace function kb._source_comparison(relation regclass, column_name text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- old and new compared directly when the type has an equality (a default btree or hash
+-- operator class, for the array's element if an array), as text otherwise (json, xml, point)
+return (select case when exists (
+                   select 1 from pg_catalog.pg_opclass c
+                     join pg_catalog.pg_am m on m.oid = c.opcmethod
+                    where m.amname in ('btree', 'hash') and c.opcdefault
+                      and (c.opcintype = coalesce(a.element_type, a.base_type)
+                           or (c.opcintype = 'pg_catalog.anyenum'::regtype
+                               and coalesce(a.element_category, a.category) = 'E')))
+                    then format('old.%1$I is distinct from new.%1$I', column_name)
+                    else format('old.%1$I::text is distinct from new.%1$I::text', column_name) end
+          from kb._source_attribute(relation, column_name) a);
+comment on function kb._source_comparison(regclass, text) is
+    'SQL comparing a column''s old and new values in a trigger''s WHEN clause: directly when its '
+    'type has an equality, as text otherwise.';
+
+create or replace function kb._source_triggers(source_id integer)
+returns text[]
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+    read_columns text[];
+    prefix text;
+begin
+    select * into s from kb.table_sources t where t.id = _source_triggers.source_id;
+    prefix := 'kbpg_' || s.name;
+    read_columns := array(select distinct c
+                            from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
+                                                         s.category_column, s.labels_column]
+                                                   || s.metadata_columns) as c
+                           where c is not null and c <> all (s.key_columns)
+                           order by c);
+    if pg_catalog.cardinality(read_columns) = 0 then  -- the text is the key: only rekey fires
+        read_columns := s.key_columns;
+    end if;
+    execute format('create or replace trigger %I after insert or delete on %s for each row '
+                   'execute function kb._source_enqueue(%L)',
+                   prefix || '_change', s.relation, s.id);
+    -- an update is fired only when a column the source reads is set, and queued only when one
+    -- changed; with the same key (the common case) only the new row is looked at
+    execute format('create or replace trigger %I after update of %s on %s for each row '
+                   'when ((%s) and (%s)) execute function kb._source_enqueue(%L, ''update'')',
+                   prefix || '_update',
+                   (select pg_catalog.string_agg(pg_catalog.quote_ident(c), ', ')
+                      from pg_catalog.unnest(read_columns) as c),
+                   s.relation,
+                   (select pg_catalog.string_agg(format('old.%1$I is not distinct from new.%1$I', k), ' and ')
+                      from pg_catalog.unnest(s.key_columns) as k),
+                   (select pg_catalog.string_agg(kb._source_comparison(s.relation, c), ' or ')
+                      from pg_catalog.unnest(read_columns) as c),
+                   s.id);
+    -- a key that changed: the old key's document goes, the new key's comes
+    execute format('create or replace trigger %I after update of %s on %s for each row '
+                   'when (%s) execute function kb._source_enqueue(%L)',
+                   prefix || '_rekey',
+                   (select pg_catalog.string_agg(pg_catalog.quote_ident(k), ', ')
+                      from pg_catalog.unnest(s.key_columns) as k),
+                   s.relation,
+                   (select pg_catalog.string_agg(format('old.%1$I is distinct from new.%1$I', k), ' or ')
+                      from pg_catalog.unnest(s.key_columns) as k),
+                   s.id);
+    execute format('create or replace trigger %I after truncate on %s for each statement '
+                   'execute function kb._source_enqueue_truncate(%L)',
+                   prefix || '_truncate', s.relation, s.id);
+    return array[prefix || '_change', prefix || '_update', prefix || '_rekey', prefix || '_truncate'];
+end
+$$;
+comment on function kb._source_triggers(integer) is
+    'Create (or replace) a table source''s four triggers on its table: insert or delete, update '
+    'of the columns it reads (key unchanged), update of the key, truncate. Needs TRIGGER on the '
+    'table.';
+
+-- -- defining sources -------------------------------------------------------------------------
+
+create or replace function kb._source_check_privileges(relation regclass)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    writer text := 'kbpg_writer';
+    kind "char";
+    owner_name text;
+begin
+    select c.relkind, c.relowner::regrole::text into kind, owner_name
+      from pg_catalog.pg_class c where c.oid = relation;
+    if kind not in ('r', 'p') then
+        raise exception '% is not a table', relation
+            using errcode = '42809', hint = 'a table source reads a table (or a partitioned table)';
+    end if;
+    if pg_catalog.has_table_privilege('kb.access_settings', 'SELECT') then
+        select coalesce(a.writer_role, writer) into writer from kb.access_settings a;
+    end if;
+    if not pg_catalog.has_table_privilege('kb.table_sources', 'INSERT, UPDATE, DELETE') then
+        raise exception 'role % may not define table sources', current_user
+            using errcode = '42501',
+                  hint = format('kbpg''s writer role may: grant %I to %I;  (run by the owner of schema kb)',
+                                writer, current_user);
+    end if;
+    if not pg_catalog.has_table_privilege(relation, 'TRIGGER') then
+        raise exception 'role % may not create triggers on %', current_user, relation
+            using errcode = '42501',
+                  hint = format('its owner runs: grant trigger on %s to %I;  (or add the source as %s)',
+                                relation, current_user, owner_name);
+    end if;
+end
+$$;
+comment on function kb._source_check_privileges(regclass) is
+    'Raise 42501, naming the grant to ask for, unless the current role may write kbpg''s source '
+    'catalog and create triggers on the table (42809 unless it is a table).';
+
+create or replace function kb._source_warn_reader(relation regclass)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    worker text := current_user;
+begin
+    if pg_catalog.has_table_privilege('kb.access_settings', 'SELECT') then
+        select coalesce(a.writer_role, worker) into worker from kb.access_settings a;
+    end if;
+    if pg_catalog.to_regrole(pg_catalog.quote_ident(worker)) is not null
+       and not pg_catalog.has_table_privilege(worker, relation, 'SELECT') then
+        raise warning 'kbpg sync running as % cannot read %', worker, relation
+            using hint = format('grant select on %s to %I;', relation, worker);
+    end if;
+    if (select c.relrowsecurity from pg_catalog.pg_class c where c.oid = relation) then
+        raise warning '% has row-level security: kbpg sync must see every row', relation
+            using hint = 'run the worker as the table''s owner or as a role with BYPASSRLS; under a '
+                         'policy it stops with an error rather than read rows as deleted';
+    end if;
+end
+$$;
+comment on function kb._source_warn_reader(regclass) is
+    'Warn (with the grant) when kbpg''s writer role cannot read the table, or when row-level '
+    'security could hide rows from the worker.';
+
+create or replace function kb.add_table_source(
+    source_name text,
+    source_table regclass,
+    id text default null,
+    text text default null,
+    title text default null,
+    groups text default null,
+    category text default null,
+    labels text default null,
+    metadata text[] default '{}',
+    notify boolean default true
+)
+returns table (name text, table_name text, key_columns text[], triggers text[])
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    keys text[];
+    new_id integer;
+    made text[];
+begin
+    if add_table_source.source_name is null
+       or add_table_source.source_name !~ '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}$' then
+        raise exception 'invalid table source name %', coalesce(pg_catalog.quote_literal(add_table_source.source_name), 'NULL')
+            using errcode = '22023',
+                  hint = 'up to 40 letters, digits, _ . or -, e.g. ''articles'' (documents are table:<name>/<key>)';
+    end if;
+    if add_table_source.source_table is null then
+        raise exception 'source_table is NULL' using errcode = '22023', hint = 'e.g. ''public.articles''';
+    end if;
+    perform kb._source_check_privileges(add_table_source.source_table);
+    if exists (select 1 from kb.table_sources s where s.name = add_table_source.source_name) then
+        raise exception 'table source "%" already exists', add_table_source.source_name
+            using errcode = '42710', hint = 'change it with kb.alter_table_source, or remove it first';
+    end if;
+    keys := kb._source_key_columns(add_table_source.source_table, add_table_source.id);
+    perform kb._source_check_definition(add_table_source.source_table, add_table_source.text,
+                                        nullif(add_table_source.title, ''), nullif(add_table_source.groups, ''),
+                                        nullif(add_table_source.category, ''), nullif(add_table_source.labels, ''),
+                                        coalesce(add_table_source.metadata, '{}'));
+    insert into kb.table_sources as s (name, relation, key_columns, text_column, title_column, groups_column,
+                                       category_column, labels_column, metadata_columns, notify)
+    values (add_table_source.source_name, add_table_source.source_table, keys, add_table_source.text,
+            nullif(add_table_source.title, ''), nullif(add_table_source.groups, ''),
+            nullif(add_table_source.category, ''), nullif(add_table_source.labels, ''),
+            coalesce(add_table_source.metadata, '{}'), coalesce(add_table_source.notify, true))
+    returning s.id into new_id;
+    made := kb._source_triggers(new_id);
+    perform kb._source_warn_reader(add_table_source.source_table);
+    -- a running worker starts the backfill now rather than at its next poll
+    perform pg_catalog.pg_notify('kbpg_sync', add_table_source.source_name);
+    return query select add_table_source.source_name, add_table_source.source_table::text, keys, made;
+end
+$$;
+comment on function kb.add_table_source(text, regclass, text, text, text, text, text, text, text[], boolean) is
+    'Keep the rows of a table as documents (table:<name>/<key>): checks the columns, creates the '
+    'triggers that queue changed rows; `kbpg sync` then backfills the existing rows and follows '
+    'changes. id: key column(s), default the primary key; text: the column to index; title, groups '
+    '(text[] or text), category, labels (text[] or text), metadata (columns kept as JSON); notify: '
+    'wake the worker at commit (false for very high commit rates or two-phase commit).';
+
+create or replace function kb.alter_table_source(
+    source_name text,
+    text text default null,
+    title text default null,
+    groups text default null,
+    category text default null,
+    labels text default null,
+    metadata text[] default null,
+    notify boolean default null
+)
+returns table (name text, table_name text, key_columns text[], triggers text[])
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    s kb.table_sources;
+    made text[];
+begin
+    s := kb._source_by_name(alter_table_source.source_name);
+    perform kb._source_check_privileges(s.relation);
+    -- NULL keeps a setting, '' (or '{}' for metadata) clears an optional one
+    s.text_column := coalesce(alter_table_source.text, s.text_column);
+    s.title_column := case when alter_table_source.title is null then s.title_column
+                           else nullif(alter_table_source.title, '') end;
+    s.groups_column := case when alter_table_source.groups is null then s.groups_column
+                            else nullif(alter_table_source.groups, '') end;
+    s.category_column := case when alter_table_source.category is null then s.category_column
+                              else nullif(alter_table_source.category, '') end;
+    s.labels_column := case when alter_table_source.labels is null then s.labels_column
+                            else nullif(alter_table_source.labels, '') end;
+    s.metadata_columns := coalesce(alter_table_source.metadata, s.metadata_columns);
+    perform kb._source_check_definition(s.relation, s.text_column, s.title_column, s.groups_column,
+                                        s.category_column, s.labels_column, s.metadata_columns);
+    -- every row is read again (a document whose text and fields come out the same is not
+    -- rewritten: ingest compares content hashes)
+    update kb.table_sources t
+       set text_column = s.text_column, title_column = s.title_column, groups_column = s.groups_column,
+           category_column = s.category_column, labels_column = s.labels_column,
+           metadata_columns = s.metadata_columns,
+           notify = coalesce(alter_table_source.notify, s.notify),
+           version = t.version + 1, altered_at = pg_catalog.now(),
+           backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
+           backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
+     where t.id = s.id;
+    made := kb._source_triggers(s.id);
+    perform kb._source_warn_reader(s.relation);
+    perform pg_catalog.pg_notify('kbpg_sync', s.name);
+    return query select s.name, s.relation::text, s.key_columns, made;
+end
+$$;
+comment on function kb.alter_table_source(text, text, text, text, text, text, text[], boolean) is
+    'Change a table source''s columns (NULL keeps one, '''' clears an optional one) or notify; the '
+    'triggers follow and every row is read again by the next kbpg sync (documents that come out '
+    'the same are not rewritten).';
+
+create or replace function kb.remove_table_source(source_name text, drop_documents boolean default false)
+returns table (name text, documents_deleted bigint, triggers_left text[])
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+declare
+    s kb.table_sources;
+    t text;
+    left_behind text[] := '{}';
+    deleted bigint := 0;
+begin
+    s := kb._source_by_name(remove_table_source.source_name);
+    if not pg_catalog.has_table_privilege('kb.table_sources', 'DELETE') then
+        perform kb._source_check_privileges(s.relation);  -- names the grant
+    end if;
+    if exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        foreach t in array array['kbpg_' || s.name || '_change', 'kbpg_' || s.name || '_update',
+                                 'kbpg_' || s.name || '_rekey', 'kbpg_' || s.name || '_truncate'] loop
+            begin
+                execute format('drop trigger if exists %I on %s', t, s.relation);
+            exception when insufficient_privilege then
+                -- only the table's owner may drop a trigger; left alone it does nothing
+                left_behind := left_behind || t;
+            end;
+        end loop;
+        if pg_catalog.cardinality(left_behind) > 0 then
+            raise warning 'triggers % on % stay until its owner drops them (they no longer queue anything)',
+                    pg_catalog.array_to_string(left_behind, ', '), s.relation
+                using hint = (select pg_catalog.string_agg(format('drop trigger %I on %s;', x, s.relation), ' ')
+                                from pg_catalog.unnest(left_behind) as x);
+        end if;
+    end if;
+    delete from kb.source_queue q where q.source_id = s.id;
+    delete from kb.source_claims c where c.source_id = s.id;
+    delete from kb.source_errors e where e.source_id = s.id;
+    delete from kb.table_sources x where x.id = s.id;
+    if remove_table_source.drop_documents then
+        delete from kb.documents d where pg_catalog.starts_with(d.source, 'table:' || s.name || '/');
+        get diagnostics deleted = row_count;
+    end if;
+    return query select s.name, deleted, left_behind;
+end
+$$;
+comment on function kb.remove_table_source(text, boolean) is
+    'Stop keeping a table''s rows: drops the triggers (the table''s owner only; otherwise they are '
+    'named in a warning and do nothing), the queue, claims and parked rows; with drop_documents, '
+    'its documents too.';
+
+create or replace function kb.resync_table_source(source_name text)
+returns boolean
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+begin
+    s := kb._source_by_name(resync_table_source.source_name);
+    perform kb._source_check_privileges(s.relation);
+    -- the triggers too, in case some were dropped (around an ALTER TABLE of a column they read)
+    perform kb._source_triggers(s.id);
+    update kb.table_sources t
+       set backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
+           backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
+     where t.id = s.id;
+    insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'S') on conflict do nothing;
+    perform pg_catalog.pg_notify('kbpg_sync', s.name);
+    return true;
+end
+$$;
+comment on function kb.resync_table_source(text) is
+    'Re-create a table source''s triggers, read every row again and delete the documents of rows '
+    'that are gone: after changes its triggers did not see (dropped around an ALTER TABLE, a '
+    'restore with triggers disabled, a logical replica).';
+
+create or replace function kb.list_table_sources(source_name text default null)
+returns table (
+    name text, source_table text, key_columns text[], text_column text, title_column text,
+    groups_column text, category_column text, labels_column text, metadata_columns text[],
+    notify boolean, version integer, created_at timestamptz, altered_at timestamptz,
+    queued bigint, claimed bigint, errors bigint, oldest_queued_at timestamptz,
+    backfill_state text, backfill_enqueued bigint, backfill_total bigint,
+    backfill_done_at timestamptz, documents bigint
+)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select s.name, s.relation::text, s.key_columns, s.text_column, s.title_column,
+           s.groups_column, s.category_column, s.labels_column, s.metadata_columns,
+           s.notify, s.version, s.created_at, s.altered_at,
+           (select pg_catalog.count(*) from kb.source_queue q where q.source_id = s.id),
+           (select pg_catalog.count(*) from kb.source_claims c where c.source_id = s.id),
+           (select pg_catalog.count(*) from kb.source_errors e where e.source_id = s.id),
+           (select pg_catalog.min(q.enqueued_at) from kb.source_queue q where q.source_id = s.id),
+           s.backfill_state, s.backfill_enqueued, s.backfill_total, s.backfill_done_at,
+           coalesce(d.documents, 0)
+      from kb.table_sources s
+      left join (select pg_catalog.split_part(pg_catalog.substr(x.source, 7), '/', 1) as name,
+                        pg_catalog.count(*) as documents
+                   from kb.documents x
+                  where pg_catalog.starts_with(x.source, 'table:')
+                  group by 1) d on d.name = s.name
+     where list_table_sources.source_name is null or s.name = list_table_sources.source_name
+     order by s.name;
+end;
+comment on function kb.list_table_sources(text) is
+    'The table sources (or one): their columns, queue, claims, parked rows, backfill and '
+    'documents.';
+
+create or replace function kb.list_source_errors(source_name text default null)
+returns table (
+    source_name text, key text[], document text, error text, attempts integer,
+    first_failed_at timestamptz, last_failed_at timestamptz, retry_at timestamptz
+)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select s.name, e.key, kb._source_document(s.name, e.key), e.error, e.attempts,
+           e.first_failed_at, e.last_failed_at, e.retry_at
+      from kb.source_errors e
+      join kb.table_sources s on s.id = e.source_id
+     where list_source_errors.source_name is null or s.name = list_source_errors.source_name
+     order by s.name, e.first_failed_at, e.key;
+end;
+comment on function kb.list_source_errors(text) is
+    'Rows of table sources that could not be ingested: why, how often, when they are retried.';
+
+create or replace function kb.retry_source_errors(source_name text default null)
+returns bigint
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    with due as (
+        update kb.source_errors e set retry_at = pg_catalog.now()
+          from kb.table_sources s
+         where s.id = e.source_id
+           and (retry_source_errors.source_name is null or s.name = retry_source_errors.source_name)
+        returning e.source_id, e.key
+    ), queued as (
+        insert into kb.source_queue (source_id, key, op)
+        select due.source_id, due.key, 'R' from due
+        on conflict do nothing
+    )
+    select pg_catalog.count(*) from due;
+end;
+comment on function kb.retry_source_errors(text) is
+    'Queue every parked row (of one source) for its next try now; returns how many.';
+
+-- -- reading rows -----------------------------------------------------------------------------
+
+create or replace function kb._source_key_sql(source_id integer, alias text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- the same text as the trigger's to_jsonb(row) ->> column, for a column of the row `alias`
+return (select 'array[' || pg_catalog.string_agg(
+                   format('pg_catalog.to_jsonb(%I.%I) operator(pg_catalog.#>>) ''{}''', alias, k.c),
+                   ', ' order by k.n) || ']::text[]'
+          from kb.table_sources s, pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
+         where s.id = _source_key_sql.source_id);
+comment on function kb._source_key_sql(integer, text) is
+    'SQL for a row''s key as text[] (the text the triggers queue), for table alias `alias`.';
+
+create or replace function kb._source_key_equals(source_id integer, alias text, key_expr text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (select pg_catalog.string_agg(format('%I.%I = (%s[%s])::%s', alias, k.c, key_expr, k.n, a.type_name),
+                                     ' and ' order by k.n)
+          from kb.table_sources s
+         cross join pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
+         cross join lateral kb._source_attribute(s.relation, k.c) as a
+         where s.id = _source_key_equals.source_id);
+comment on function kb._source_key_equals(integer, text, text) is
+    'SQL that is true for the row of `alias` whose key is the text[] expression key_expr.';
+
+create or replace function kb._source_select(source_id integer)
+returns text
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+    key_sql text := kb._source_key_sql(source_id, 't');
+begin
+    select * into s from kb.table_sources t where t.id = _source_select.source_id;
+    return format(
+        'select %1$s as key, kb._source_document(%2$L, %1$s) as document, t.%3$I::text as body, '
+        'coalesce(%4$s, '''') as title, %5$s as groups, %6$s as category, %7$s as labels, '
+        '%8$s as metadata from %9$s as t',
+        key_sql, s.name, s.text_column,
+        case when s.title_column is null then 'null' else format('t.%I::text', s.title_column) end,
+        kb._source_list_sql(s.relation, s.groups_column),
+        case when s.category_column is null then 'null::text' else format('t.%I::text', s.category_column) end,
+        kb._source_list_sql(s.relation, s.labels_column),
+        case when pg_catalog.cardinality(s.metadata_columns) = 0 then '''{}''::jsonb'
+             else 'pg_catalog.jsonb_build_object('
+                  || (select pg_catalog.string_agg(format('%L, t.%I', m.c, m.c), ', ' order by m.n)
+                        from pg_catalog.unnest(s.metadata_columns) with ordinality as m(c, n))
+                  || ')' end,
+        s.relation);
+end
+$$;
+comment on function kb._source_select(integer) is
+    'The SELECT (over table alias t) that turns a table source''s rows into key, document, body, '
+    'title, groups, category, labels and metadata.';
+
+create or replace function kb._source_list_sql(relation regclass, column_name text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return case
+    when column_name is null then '''{}''::text[]'
+    when (select a.category from kb._source_attribute(relation, column_name) a) = 'A'
+        then format('coalesce(t.%I::text[], ''{}'')', column_name)
+    else format('case when t.%1$I is null then ''{}''::text[] else array[t.%1$I::text] end', column_name)
+end;
+comment on function kb._source_list_sql(regclass, text) is
+    'SQL for a list column of a table source (groups, labels): an array as text[], one value as a '
+    'list of one, NULL as an empty list.';
+
+create or replace function kb._source_rows(source_id integer, keys jsonb)
+returns table (
+    key text[], document text, present boolean, body text, title text, groups text[],
+    category text, labels text[], metadata jsonb
+)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a policy that hid rows from the worker would make them look deleted: an error instead
+set row_security = off
+as $$
+declare
+    s kb.table_sources;
+begin
+    select * into s from kb.table_sources t where t.id = _source_rows.source_id;
+    if not found then
+        raise exception 'no table source with id %', source_id using errcode = '42704';
+    end if;
+    -- one index probe per key (lateral), whatever the planner would estimate for the keys
+    return query execute format(
+        'select k.v, kb._source_document(%L, k.v), r.key is not null, r.body, r.title, r.groups, '
+        '       r.category, r.labels, r.metadata '
+        '  from kb._source_keys($1) as k(v) '
+        '  left join lateral (%s where %s) as r on true',
+        s.name, kb._source_select(source_id), kb._source_key_equals(source_id, 't', 'k.v'))
+        using keys;
+end
+$$;
+comment on function kb._source_rows(integer, jsonb) is
+    'For each key (a JSON array of arrays of key values): its document source, whether its row '
+    'exists and the row as a document-to-be. Read with row_security off: the worker must see '
+    'every row.';
+
+create or replace function kb._source_missing(source_id integer, keys jsonb)
+returns table (key text[])
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+set row_security = off
+as $$
+declare
+    s kb.table_sources;
+begin
+    select * into s from kb.table_sources t where t.id = _source_missing.source_id;
+    return query execute format(
+        'select k.key from kb._source_keys($1) as k where not exists (select 1 from %s as t where %s)',
+        s.relation, kb._source_key_equals(source_id, 't', 'k.key'))
+        using keys;
+end
+$$;
+comment on function kb._source_missing(integer, jsonb) is
+    'Which of these keys (JSON array of arrays) have no row in the table source''s table.';
+
+create or replace function kb._source_orphans(source_id integer)
+returns table (document text)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+    prefix text;
+    keys jsonb;
+begin
+    select * into s from kb.table_sources t where t.id = _source_orphans.source_id;
+    prefix := 'table:' || s.name || '/';
+    -- the documents under the caller's own row security, then the table without it
+    select coalesce(pg_catalog.jsonb_agg(pg_catalog.to_jsonb(x.key)), '[]')
+      into keys
+      from kb.documents d
+     cross join lateral (select kb._source_document_key(prefix, d.source) as key) x
+     where pg_catalog.starts_with(d.source, prefix)
+       and pg_catalog.cardinality(x.key) = pg_catalog.cardinality(s.key_columns);
+    return query
+    select kb._source_document(s.name, m.key) from kb._source_missing(source_id, keys) m;
+end
+$$;
+comment on function kb._source_orphans(integer) is
+    'Documents of a table source whose row is gone (after a TRUNCATE, or changes the triggers did '
+    'not see).';
+
+-- -- the worker's queue -------------------------------------------------------------------------
+
+create or replace function kb._source_backfill(source_id integer, max_rows integer,
+                                               worker integer default null)
+returns table (enqueued integer, state text, total bigint, done bigint)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+set row_security = off
+as $$
+#variable_conflict use_column
+declare
+    s kb.table_sources;
+    key_sql text;
+    after text;
+    page_rows integer;
+    added integer;
+    last_key text[];
+    estimate double precision;
+begin
+    -- one worker at a time moves a source's cursor; the others go on with the queue
+    select * into s from kb.table_sources t where t.id = _source_backfill.source_id for update skip locked;
+    if not found or s.backfill_state = 'done' then
+        return;
+    end if;
+    if s.backfill_state = 'pending' then
+        select c.reltuples into estimate from pg_catalog.pg_class c where c.oid = s.relation;
+        if estimate is null or estimate < 1000000 then
+            execute format('select pg_catalog.count(*) from %s', s.relation) into s.backfill_total;
+        else
+            s.backfill_total := estimate::bigint;
+        end if;
+        s.backfill_state := 'running';
+        s.backfill_cursor := null;
+        s.backfill_enqueued := 0;
+        s.backfill_started_at := pg_catalog.now();
+    end if;
+    key_sql := kb._source_key_sql(s.id, 't');
+    -- keyset order on the key's unique index: (a, b) > (cursor a, cursor b)
+    after := case when s.backfill_cursor is null then 'true' else (
+        select format('(%s) > (%s)',
+                      pg_catalog.string_agg(format('t.%I', k.c), ', ' order by k.n),
+                      pg_catalog.string_agg(format('($2[%s])::%s', k.n, a.type_name), ', ' order by k.n))
+          from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
+         cross join lateral kb._source_attribute(s.relation, k.c) as a) end;
+    execute format(
+        'with page as (select %1$s as key, pg_catalog.row_number() over (order by %2$s) as n '
+        '                from %3$s as t where %4$s order by %2$s limit $3), '
+        '     added as (insert into kb.source_queue (source_id, key, op) '
+        '               select $1, p.key, ''B'' from page p '
+        -- a key this worker claimed a moment ago is read after this page: once is enough
+        '                where not exists (select 1 from kb.source_claims c where c.source_id = $1 '
+        '                                     and c.key = p.key and c.worker = $4) '
+        '               on conflict do nothing returning 1) '
+        'select (select pg_catalog.count(*) from page)::integer, (select pg_catalog.count(*) from added)::integer, '
+        '       (select p.key from page p order by p.n desc limit 1)',
+        key_sql,
+        (select pg_catalog.string_agg(format('t.%I', c), ', ' order by n)
+           from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)),
+        s.relation, after)
+        into page_rows, added, last_key
+        using s.id, s.backfill_cursor, max_rows, worker;
+    s.backfill_enqueued := s.backfill_enqueued + page_rows;
+    if page_rows < max_rows then
+        s.backfill_state := 'done';
+        s.backfill_cursor := null;
+        s.backfill_done_at := pg_catalog.now();
+    else
+        s.backfill_cursor := last_key;
+    end if;
+    update kb.table_sources t
+       set backfill_state = s.backfill_state, backfill_cursor = s.backfill_cursor,
+           backfill_total = s.backfill_total, backfill_enqueued = s.backfill_enqueued,
+           backfill_started_at = s.backfill_started_at, backfill_done_at = s.backfill_done_at
+     where t.id = s.id;
+    return query select page_rows, s.backfill_state, s.backfill_total, s.backfill_enqueued;
+end
+$$;
+comment on function kb._source_backfill(integer, integer, integer) is
+    'Queue the next max_rows rows of a table source''s backfill (keyset order after the saved '
+    'cursor), except keys `worker` holds already; returns how many rows the page held, the state '
+    '(done after the last page), the rows counted at its start and the rows paged so far. Nothing '
+    'while another worker pages the same source.';
+
+create or replace function kb._source_claim(worker integer, source_ids integer[], max_rows integer)
+returns table (source_id integer, key text[], op "char", enqueued_at timestamptz)
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    with picked as (
+        select q.source_id, q.key
+          from kb.source_queue q
+         where (_source_claim.source_ids is null or q.source_id = any (_source_claim.source_ids))
+           -- one worker per key at a time: a key changed again while claimed waits its turn
+           and not exists (select 1 from kb.source_claims c
+                            where c.source_id = q.source_id and c.key = q.key)
+         order by q.enqueued_at
+         limit _source_claim.max_rows
+         for update of q skip locked
+    ), taken as (
+        delete from kb.source_queue q
+         using picked p
+         where q.source_id = p.source_id and q.key = p.key
+        returning q.source_id, q.key, q.op, q.enqueued_at
+    )
+    insert into kb.source_claims (source_id, key, op, enqueued_at, worker)
+    select t.source_id, t.key, t.op, t.enqueued_at, _source_claim.worker from taken t
+    returning source_id, key, op, enqueued_at;
+end;
+comment on function kb._source_claim(integer, integer[], integer) is
+    'Move up to max_rows queue entries (oldest first, of these sources or all) to the worker''s '
+    'claims; entries locked by another worker, or whose key another worker holds, are skipped.';
+
+create or replace function kb._source_release(worker integer, keys jsonb default null)
+returns bigint
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    with released as (
+        delete from kb.source_claims c
+         where c.worker = _source_release.worker
+           and (_source_release.keys is null
+                or (c.source_id, c.key) in (select (e operator(pg_catalog.->>) 0)::integer,
+                                                   array(select x.v from pg_catalog.jsonb_array_elements_text(e operator(pg_catalog.->) 1)
+                                                                 with ordinality as x(v, n) order by x.n)
+                                              from pg_catalog.jsonb_array_elements(_source_release.keys) as e))
+        returning c.source_id, c.key, c.op, c.enqueued_at
+    ), queued as (
+        insert into kb.source_queue (source_id, key, op, enqueued_at)
+        select r.source_id, r.key, r.op, r.enqueued_at from released r
+        on conflict do nothing
+    )
+    select pg_catalog.count(*) from released;
+end;
+comment on function kb._source_release(integer, jsonb) is
+    'Put a worker''s claims (all, or those listed as [[source_id, [key...]], ...]) back in the '
+    'queue, untouched: a model that is down, a worker stopping.';
+
+create or replace function kb._source_settle(worker integer, source_id integer, done jsonb, failed jsonb)
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+    -- done: [[key...], ...] written, unchanged or deleted; failed: [{"key": [...], "error": "..."}]
+    delete from kb.source_claims c
+     where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
+       and c.key in (select k.key from kb._source_keys(done) k);
+    delete from kb.source_errors e
+     where e.source_id = _source_settle.source_id and e.key in (select k.key from kb._source_keys(done) k);
+    insert into kb.source_errors as e (source_id, key, error, retry_at)
+    select _source_settle.source_id, f.key, f.error, pg_catalog.now() + kb._source_backoff(1)
+      from (select array(select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
+                                  with ordinality as x(v, n) order by x.n) as key,
+                   i operator(pg_catalog.->>) 'error' as error
+              from pg_catalog.jsonb_array_elements(failed) as i) f
+    on conflict (source_id, key) do update
+       set error = excluded.error, attempts = e.attempts + 1, last_failed_at = pg_catalog.now(),
+           retry_at = pg_catalog.now() + kb._source_backoff(e.attempts + 1);
+    delete from kb.source_claims c
+     where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
+       and c.key in (select array(select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
+                                           with ordinality as x(v, n) order by x.n)
+                       from pg_catalog.jsonb_array_elements(failed) as i);
+end
+$$;
+comment on function kb._source_settle(integer, integer, jsonb, jsonb) is
+    'A worker is done with claimed keys: the done ones leave the claims (and kb.source_errors), the '
+    'failed ones are parked with their error, attempts counted, retried after a backoff.';
+
+create or replace function kb._source_reclaim(worker integer)
+returns bigint
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    w integer;
+    n bigint;
+    total bigint := 0;
+begin
+    for w in select distinct c.worker from kb.source_claims c where c.worker <> _source_reclaim.worker loop
+        -- a live worker's session holds this lock; a free one means the worker is gone
+        if pg_catalog.pg_try_advisory_xact_lock(1801613427, w) then
+            insert into kb.source_queue (source_id, key, op, enqueued_at)
+            select c.source_id, c.key, c.op, c.enqueued_at from kb.source_claims c where c.worker = w
+            on conflict do nothing;
+            delete from kb.source_claims c where c.worker = w;
+            get diagnostics n = row_count;
+            total := total + n;
+        end if;
+    end loop;
+    return total;
+end
+$$;
+comment on function kb._source_reclaim(integer) is
+    'Put the claims of workers that are gone (their session advisory lock is free) back in the '
+    'queue; returns how many.';
+
+create or replace function kb._source_requeue_errors(source_ids integer[] default null)
+returns bigint
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    with due as (
+        -- the next retry stands until this one settles (a lease, should the worker die)
+        update kb.source_errors e set retry_at = pg_catalog.now() + kb._source_backoff(e.attempts)
+         where e.retry_at <= pg_catalog.now()
+           and (_source_requeue_errors.source_ids is null or e.source_id = any (_source_requeue_errors.source_ids))
+        returning e.source_id, e.key
+    ), queued as (
+        insert into kb.source_queue (source_id, key, op)
+        select due.source_id, due.key, 'R' from due
+        on conflict do nothing
+    )
+    select pg_catalog.count(*) from due;
+end;
+comment on function kb._source_requeue_errors(integer[]) is
+    'Queue the parked rows whose retry is due; returns how many.';
+
+-- -- privileges -------------------------------------------------------------------------------
+
+-- The trigger functions run with their owner's rights. Firing a trigger checks no privilege on
+-- its function, so the application's roles need none; creating one takes EXECUTE, which only
+-- kbpg's writer role (whose members add sources) and the owner keep: no one else can hang
+-- kb.source_queue's writer on a table of their own. (sql/080 applies the roles' grants before
+-- this file's functions exist; the writer's EXECUTE is granted here for the first apply.)
+revoke execute on function kb._source_enqueue() from public;
+revoke execute on function kb._source_enqueue_truncate() from public;
+do $$
+declare
+    s kb.access_settings;
+begin
+    select * into s from kb.access_settings;
+    if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
+        execute format('grant execute on function kb._source_enqueue(), kb._source_enqueue_truncate() to %I',
+                       s.writer_role);
+    end if;
+    if s.reader_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)) is not null then
+        -- readers search; the sources' definitions, queue and parked rows are not theirs to read
+        execute format('revoke execute on function kb._source_enqueue(), kb._source_enqueue_truncate() from %I',
+                       s.reader_role);
+    end if;
+end
+$$;

@@ -1,0 +1,88 @@
+"""An application's table (help-centre articles) for the table-source tests, and queue views."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+
+ARTICLES = """
+create table public.articles (
+    id          bigint primary key,
+    title       text,
+    body        text,
+    visible_to  text[],
+    section     text,
+    tags        text[],
+    author      text,
+    updated_at  timestamptz not null default now(),
+    view_count  integer not null default 0,
+    extra       json
+)
+"""
+
+ROWS = [
+    (1, "Renew a parking permit", "Renew your parking permit online before it expires.",
+     [], "permits", ["parking"], "ann"),
+    (2, "Parental leave", "Staff get twenty weeks of parental leave at full salary.",
+     ["hr"], "hr", ["leave"], "bob"),
+    (3, "Bicycle storage", "Bicycle storage is free in every municipal garage.",
+     [], "parking", ["bicycle", "parking"], "cy"),
+]  # fmt: skip
+
+
+def add_articles(conn: psycopg.Connection[Any], rows: list[tuple[Any, ...]] | None = None) -> None:
+    conn.execute(ARTICLES)
+    for row in ROWS if rows is None else rows:
+        insert_article(conn, *row)
+
+
+def insert_article(
+    conn: psycopg.Connection[Any],
+    id: int,
+    title: str | None,
+    body: str | None,
+    visible_to: list[str] | None = None,
+    section: str | None = None,
+    tags: list[str] | None = None,
+    author: str | None = None,
+) -> None:
+    conn.execute(
+        "insert into public.articles (id, title, body, visible_to, section, tags, author)"
+        " values (%s, %s, %s, %s, %s, %s, %s)",
+        (id, title, body, visible_to, section, tags, author),
+    )
+
+
+ADD_SOURCE = (
+    "select * from kb.add_table_source('articles', 'public.articles', text => 'body',"
+    " title => 'title', groups => 'visible_to', category => 'section', labels => 'tags',"
+    " metadata => '{author, updated_at}')"
+)
+
+
+def queue(conn: psycopg.Connection[Any]) -> list[tuple[list[str], str]]:
+    """(key, op) of every queue entry, oldest first."""
+    return [
+        (list(r[0]), str(r[1]))
+        for r in conn.execute(
+            "select key, op from kb.source_queue order by enqueued_at, key"
+        ).fetchall()
+    ]
+
+
+def count(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> int:
+    row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def documents(conn: psycopg.Connection[Any], prefix: str = "table:articles/") -> dict[str, Any]:
+    """source -> (title, groups, category, labels, metadata, chunk texts) of the source's documents."""
+    rows = conn.execute(
+        "select d.source, d.title, d.groups, d.category, d.labels, d.metadata,"
+        " array(select c.content from kb.chunks c where c.document_id = d.id order by c.ordinal)"
+        " from kb.documents d where starts_with(d.source, %s) order by d.source",
+        (prefix,),
+    ).fetchall()
+    return {r[0]: tuple(r[1:]) for r in rows}
