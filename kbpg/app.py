@@ -8,13 +8,12 @@ from types import TracebackType
 from typing import Any, Self
 
 from kbpg.config import Settings
-from kbpg.errors import KbpgError
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder
 from kbpg.search.request import SearchRequest
 from kbpg.search.results import SearchResult
 from kbpg.search.run import run_search
-from kbpg.store import db as kdb
+from kbpg.store.readiness import Readiness
 from kbpg.store.sessions import Cancellation, Connection, Database, Principal
 
 __all__ = ["Cancellation", "KnowledgeBase", "Principal", "Retriever"]
@@ -132,23 +131,21 @@ class KnowledgeBase:
         """Run the model once so that the first real query does not pay for lazy set-up."""
         self.embedder.embed_query("warm up")
 
+    def readiness(self) -> Readiness:
+        """The primary's and each read replica's state (ok, busy, down, unmigrated, lagging),
+        probed now: what /readyz reports."""
+        return self.db.readiness()
+
     def health(self) -> dict[str, Any]:
-        """Database reachable, schema at head, model loaded — what /healthz reports."""
-        report: dict[str, Any] = {
-            "database": "ok",
-            "schema": "ok",
+        """`readiness()` as a dict, with the model and the reasons: `{"ok", "model",
+        "primary": {"database", "status", "detail"?, "schema", ...}, "replicas": [...]}`."""
+        ready = self.readiness()
+        return {
+            "ok": ready.ok,
             "model": self.embedder.model_name,
+            "primary": ready.primary.as_dict(),
+            "replicas": [r.as_dict() for r in ready.replicas],
         }
-        try:
-            with self.session(timeout=3.0) as conn:
-                status = kdb.schema_status(conn)
-            if not status.at_head:
-                report["schema"] = f"at {status.current or 'none'}, head is {status.head}"
-        except KbpgError as exc:
-            report["database"] = exc.message
-            report["schema"] = "unknown"
-        report["ok"] = report["database"] == "ok" and report["schema"] == "ok"
-        return report
 
 
 class Retriever(KnowledgeBase):

@@ -17,6 +17,8 @@ WRITE_STATEMENT_TIMEOUT_MS = 0  # ingest batches and reembed on big corpora run 
 LOCK_TIMEOUT_MS = 10_000
 IDLE_IN_TRANSACTION_TIMEOUT_MS = 300_000
 POOL_TIMEOUT_MS = 10_000
+# a read replica behind its primary and without a replayed transaction this long is "lagging"
+REPLICA_MAX_LAG_MS = 30_000
 # A second writer (ingest, delete, reembed) waits this long for the first one, then gives up:
 # long enough for a small ingest to finish, short enough that a cron job does not pile up.
 WRITE_LOCK_WAIT_MS = 60_000
@@ -130,6 +132,7 @@ class Settings:
     # read replicas of database_url (KBPG_READ_URL): searches go there, writes never
     read_urls: tuple[str, ...] = ()
     write_lock_wait_ms: int = WRITE_LOCK_WAIT_MS
+    replica_max_lag_ms: int = REPLICA_MAX_LAG_MS
     # KBPG_LANGUAGE: the language `kbpg db upgrade` gives the knowledge base (and ingest checks)
     language: str | None = None
 
@@ -159,6 +162,7 @@ class Settings:
             pool_timeout_s=_env_duration_ms("KBPG_POOL_TIMEOUT", POOL_TIMEOUT_MS, minimum=1) / 1000,
             read_urls=parse_read_urls(os.environ.get("KBPG_READ_URL")),
             write_lock_wait_ms=_env_duration_ms("KBPG_WRITE_LOCK_WAIT", WRITE_LOCK_WAIT_MS),
+            replica_max_lag_ms=_env_duration_ms("KBPG_REPLICA_MAX_LAG", REPLICA_MAX_LAG_MS),
             language=_env("KBPG_LANGUAGE"),
         )
 

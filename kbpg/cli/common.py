@@ -49,10 +49,14 @@ class AppContext:
         return self._url
 
     def knowledge_base(self, embedder: str | None = None) -> KnowledgeBase:
-        """The application object over one connection (a CLI call is one unit of work)."""
+        """The application object over one connection (a CLI call is one unit of work).
+
+        On the embedded server (no KBPG_DATABASE_URL) its database gets kbpg's schema on first
+        use; a database of the user's own is left to `kbpg db upgrade`.
+        """
         from kbpg.app import KnowledgeBase
 
-        return KnowledgeBase(self.url, settings=self.settings, pool_size=1, embedder_name=embedder)
+        return KnowledgeBase(settings=self.settings, pool_size=1, embedder_name=embedder)
 
 
 def _not_utf8(value: Any) -> bool:

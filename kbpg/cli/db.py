@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import shutil
 import sys
 import time
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import click
@@ -94,6 +96,50 @@ def db_stop(app: AppContext) -> None:
     server = _embedded_server(app)
     stopped = server.stop()
     click.echo("stopped" if stopped else "not running")
+
+
+@db.command("standby")
+@click.argument("directory", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--primary",
+    "primary_url",
+    metavar="URL",
+    help="Copy the PostgreSQL server at URL (its role needs REPLICATION; PostgreSQL 18, the "
+    "embedded version).  [default: KBPG_DATABASE_URL, else the embedded server]",
+)
+@pass_app
+@handle_errors
+def db_standby(app: AppContext, directory: Path, primary_url: str | None) -> None:
+    """Make a hot standby of the primary in DIRECTORY, start it, print its URL for KBPG_READ_URL.
+
+    pg_basebackup -R (the embedded wheel's) copies the primary and the copy keeps replaying
+    its WAL: searches run there, writes are refused. Stop it with
+    `KBPG_HOME=DIRECTORY kbpg db stop`, start it again with `... kbpg db start`.
+    """
+    from psycopg.conninfo import conninfo_to_dict
+
+    from kbpg.store.embedded import DATABASE_NAME, SUPERUSER, EmbeddedServer
+    from kbpg.store.replicas import redacted
+
+    home = directory.expanduser().resolve()
+    primary_url = primary_url or app.settings.database_url
+    if primary_url is None:
+        primary = EmbeddedServer(app.settings.home)
+        primary.start()
+        standby = primary.create_standby(home)
+        url = standby.url()
+        source = f"the embedded server in {primary.pgdata}"
+    else:
+        standby = EmbeddedServer.standby_of(primary_url, home)
+        parts = conninfo_to_dict(primary_url)
+        url = standby.url(
+            str(parts.get("dbname") or DATABASE_NAME), str(parts.get("user") or SUPERUSER)
+        )
+        source = redacted(primary_url)
+    click.echo(f"hot standby of {source} running in {standby.pgdata}", err=True)
+    click.echo(f"searches go there with: export KBPG_READ_URL='{url}'", err=True)
+    click.echo(f"stop it with: KBPG_HOME={shlex.quote(str(home))} kbpg db stop", err=True)
+    click.echo(url)
 
 
 @db.command("status")

@@ -150,6 +150,13 @@ def _summary_line(summary: Any) -> str:
     is_flag=True,
     help="Read symlinks that point outside PATHS (skipped and reported by default).",
 )
+@click.option(
+    "--metrics-port",
+    type=click.IntRange(1, 65535),
+    metavar="PORT",
+    help="While the run lasts, serve its Prometheus metrics (documents, chunks, model errors, "
+    "the pool) at http://127.0.0.1:PORT/metrics, for a long ingest.",
+)
 @json_option
 @pass_app
 @handle_errors
@@ -167,6 +174,7 @@ def ingest(
     contextual: bool | None,
     max_file_bytes: int,
     follow_symlinks: bool,
+    metrics_port: int | None,
     as_json: bool,
 ) -> None:
     """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
@@ -175,14 +183,17 @@ def ingest(
     atomically. Markdown front matter may set title, category, groups and labels. Exit code 1
     when any file failed (the others are ingested).
     """
+    import contextlib
     import json
 
     from kbpg.ingest.batching import batch_documents_for
     from kbpg.ingest.run import ingest_paths
 
-    with app.knowledge_base(embedder_name) as kb:
+    with app.knowledge_base(embedder_name) as kb, contextlib.ExitStack() as metrics:
         model = kb.models.document_embedder()
         _language_notes(kb, model.model_name)
+        if metrics_port is not None:
+            metrics.callback(_serve_metrics(kb, metrics_port))
         summary = ingest_paths(
             kb.db,
             kb.models,
@@ -209,6 +220,29 @@ def ingest(
         click.echo(json.dumps(summary.as_dict(), indent=2))
     if summary.failed:
         click.get_current_context().exit(1)
+
+
+def _serve_metrics(kb: Any, port: int) -> Any:
+    """Metrics of this process at 127.0.0.1:port; the function that stops serving them."""
+    from kbpg.serve.metrics import Metrics, expose
+
+    metrics = Metrics(kb.db.pool_stats)
+    metrics.start()
+    try:
+        stop = expose(metrics, port)
+    except OSError as exc:
+        metrics.stop()
+        raise KbpgError(
+            f"cannot serve metrics on 127.0.0.1:{port}: {exc.strerror}",
+            hint="choose another --metrics-port",
+        ) from None
+    click.echo(f"metrics at http://127.0.0.1:{port}/metrics", err=True)
+
+    def done() -> None:
+        stop()
+        metrics.stop()
+
+    return done
 
 
 def _language_notes(kb: Any, model_name: str) -> None:

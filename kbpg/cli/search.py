@@ -262,6 +262,22 @@ def mcp(app: AppContext, embedder_name: str | None) -> None:
     is_flag=True,
     help="Serve a non-loopback address without any token (only behind a trusted network).",
 )
+@click.option(
+    "--metrics-token",
+    envvar="KBPG_METRICS_TOKEN",
+    metavar="TOKEN",
+    help="Guard /metrics with this bearer token instead of the API's tokens (env "
+    "KBPG_METRICS_TOKEN; a Prometheus scraper then holds no search token).",
+)
+@click.option(
+    "--log-format",
+    type=click.Choice(["text", "json"]),
+    envvar="KBPG_LOG_FORMAT",
+    default="text",
+    show_default=True,
+    help="Server log on stderr: uvicorn's text lines, or one JSON object a line with a line "
+    "per request (route, status, ms) (env KBPG_LOG_FORMAT).",
+)
 @pass_app
 @handle_errors
 def serve(
@@ -273,11 +289,15 @@ def serve(
     tokens_file: Path | None,
     source_root: Path | None,
     insecure_no_token: bool,
+    metrics_token: str | None,
+    log_format: str,
 ) -> None:
-    """Serve the search page (/), the HTTP API (POST /api/v1/kb/search), /healthz and /docs.
+    """Serve the search page (/), the HTTP API (POST /api/v1/kb/search), /healthz (alive),
+    /readyz (databases ready), /metrics (Prometheus) and /docs.
 
     KBPG_API_TOKEN (runs as the server's own role) or a tokens file (each token runs as its
-    database role) guards the API. Without either, only a loopback address is served.
+    database role) guards the API and /metrics. Without either, only a loopback address is
+    served.
     """
     from kbpg.serve.http import serve as run_server
 
@@ -290,6 +310,8 @@ def serve(
         tokens_file=tokens_file,
         insecure_no_token=insecure_no_token,
         source_root=str(source_root.resolve()) if source_root else None,
+        metrics_token=metrics_token or None,
+        log_format=log_format,
     )
 
 

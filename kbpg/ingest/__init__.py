@@ -3,5 +3,6 @@ contexts and entities, embedding in batches, writing whole documents atomically 
 write lock, the jobs over stored documents (delete, re-embed, re-contextualize), and the rows of
 application tables kept as documents (tables: kbpg sync).
 
-May import: kbpg.store, kbpg.models, kbpg.config, kbpg.errors. Never kbpg.search.
+May import: kbpg.store, kbpg.models, kbpg.config, kbpg.errors, kbpg.telemetry. Never
+kbpg.search.
 """

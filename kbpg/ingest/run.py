@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 import psycopg
 
+from kbpg import telemetry
 from kbpg.errors import InvalidInput
 from kbpg.ingest.batching import BATCH_DOCUMENTS, BatchPreparer, PreparedBatch
 from kbpg.ingest.contextual import ContextTally
@@ -244,6 +245,7 @@ class _Run:
         """Write one prepared batch: its documents in one transaction (or each in its own when a
         document's data fails it), a document of over SLICE_CHUNKS chunks a slice at a time."""
         t0 = time.perf_counter()
+        failed, chunks = self.summary.failed, self.summary.chunks
         for failure in batch.failures:
             self.fail(failure)
         self.summary.unchanged += batch.unchanged
@@ -267,6 +269,16 @@ class _Run:
                 self.summary.added += 1
             else:
                 self.summary.updated += 1
+        added = sum(item.is_new for item in written)
+        for outcome, count in (
+            ("added", added),
+            ("updated", len(written) - added),
+            ("unchanged", batch.unchanged),
+            ("failed", self.summary.failed - failed),
+        ):
+            if count:
+                telemetry.report.ingest_documents(outcome, count)
+        telemetry.report.ingest_chunks(self.summary.chunks - chunks)
         self.report()
 
     def _write_batch(
@@ -383,6 +395,8 @@ class _Run:
                 queries.DELETE_DOCUMENTS_BY_ID, (list(document_ids),)
             ).rowcount
         self.summary.removed += removed
+        if removed:
+            telemetry.report.ingest_documents("removed", removed)
         return removed
 
     def finish(self) -> IngestSummary:
@@ -422,28 +436,32 @@ def _ingest(
     model = embedder or models.document_embedder()
     wanted = models.settings.contextual if contextual is None else contextual
     chat = models.chat() if wanted else None
-    with writer(db, principal) as conn, contextlib.closing(kdb.connect(db.url)) as reader:
-        reader.autocommit = True
-        _register_space(db, conn, principal, model)
-        run = _Run(db, conn, principal, reader, model, progress, batch_documents, chat)
-        run.deferral = indexing.IndexDeferral.start(conn, run.transaction, expected_chunks)
-        run.run(items)
-        if run.deferral.kept is not None:
-            run.summary.warnings.append(run.deferral.kept)
-        if prunable is not None:
-            with run.transaction():
-                known = conn.execute(queries.ALL_DOCUMENTS).fetchall()
-            run.delete(
-                [
-                    int(i)
-                    for i, source in known
-                    if source not in run.preparer.seen and prunable(source)
-                ]
-            )
-        t0 = time.perf_counter()
-        indexing.ensure_index(conn, db.url, index_progress, run.transaction)
-        run.summary.database_s += time.perf_counter() - t0
-        return run.finish()
+    telemetry.report.ingest_running(1)
+    try:
+        with writer(db, principal) as conn, contextlib.closing(kdb.connect(db.url)) as reader:
+            reader.autocommit = True
+            _register_space(db, conn, principal, model)
+            run = _Run(db, conn, principal, reader, model, progress, batch_documents, chat)
+            run.deferral = indexing.IndexDeferral.start(conn, run.transaction, expected_chunks)
+            run.run(items)
+            if run.deferral.kept is not None:
+                run.summary.warnings.append(run.deferral.kept)
+            if prunable is not None:
+                with run.transaction():
+                    known = conn.execute(queries.ALL_DOCUMENTS).fetchall()
+                run.delete(
+                    [
+                        int(i)
+                        for i, source in known
+                        if source not in run.preparer.seen and prunable(source)
+                    ]
+                )
+            t0 = time.perf_counter()
+            indexing.ensure_index(conn, db.url, index_progress, run.transaction)
+            run.summary.database_s += time.perf_counter() - t0
+            return run.finish()
+    finally:
+        telemetry.report.ingest_running(-1)
 
 
 class DocumentWriter:

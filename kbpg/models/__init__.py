@@ -1,7 +1,7 @@
 """The models kbpg calls: embedders (offline MiniLM, OpenAI-compatible HTTP), rerankers and
 the chat model over one HTTP helper, and ModelClients, which builds them from the settings.
 
-May import: kbpg.config, kbpg.errors. Knows no database: callers hand it texts and get
+May import: kbpg.config, kbpg.errors, kbpg.telemetry. Knows no database: callers hand it texts and get
 vectors, orders and answers back.
 """
 

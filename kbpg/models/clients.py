@@ -10,7 +10,8 @@ from collections import OrderedDict
 from kbpg.config import ModelSettings, Settings
 from kbpg.errors import ConfigError, StageUnavailable
 from kbpg.models.chat import ChatClient
-from kbpg.models.embedders import Embedder, get_embedder
+from kbpg.models.embedders import Embedder, FloatArray, get_embedder
+from kbpg.models.querybatch import QueryBatcher
 from kbpg.models.rerank import ApiReranker, LlmReranker, Reranker, TeiReranker
 from kbpg.models.transport import ModelHTTP
 
@@ -64,6 +65,7 @@ class ModelClients:
         self._embedder = embedder
         self._embedder_name = embedder_name
         self._embedder_lock = threading.Lock()
+        self._batcher: QueryBatcher | None = None
         self._lock = threading.Lock()
         self._reranker: Reranker | None = None
         self._chat: ChatClient | None = None
@@ -79,6 +81,15 @@ class ModelClients:
                     load()
                 self._embedder = embedder
             return self._embedder
+
+    def embed_query(self, text: str) -> FloatArray:
+        """The query's vector; concurrent callers share model calls (QueryBatcher)."""
+        embedder = self.embedder
+        with self._embedder_lock:
+            if self._batcher is None or self._batcher.embedder is not embedder:
+                self._batcher = QueryBatcher(embedder)
+            batcher = self._batcher
+        return batcher.embed(text)
 
     def document_embedder(self) -> Embedder:
         """The model as ingest uses it: loaded by its first use, so that a load whose records
@@ -127,6 +138,7 @@ def make_chat(settings: ModelSettings, *, timeout_s: float | None = None) -> Cha
         settings.chat_base_url,
         api_key=settings.chat_api_key,
         what="chat server",
+        client="chat",
         connect_timeout_s=settings.connect_timeout_s,
         timeout_s=timeout,
         budget_s=timeout,
@@ -162,6 +174,7 @@ def make_reranker(settings: ModelSettings, provider: str | None = None) -> Reran
         settings.rerank_url,
         api_key=settings.rerank_api_key,
         what="reranker",
+        client="reranker",
         connect_timeout_s=settings.connect_timeout_s,
         timeout_s=settings.rerank_timeout_s,
         budget_s=settings.rerank_timeout_s,

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
+from kbpg import telemetry
 from kbpg.errors import ConfigError, EmbeddingError
 
 if TYPE_CHECKING:
@@ -199,6 +200,10 @@ class MiniLMEmbedder(_WordPieceCounter):
         vector: FloatArray = self.embed_documents([text])[0]
         return vector
 
+    def embed_queries(self, texts: Sequence[str]) -> FloatArray:
+        """Several queries in one call (this model embeds queries as it does documents)."""
+        return self.embed_documents(texts)
+
 
 class OpenAIEmbedder(_WordPieceCounter):
     """Any OpenAI-compatible `/v1/embeddings` server (OpenAI, vLLM, TEI, Ollama).
@@ -232,6 +237,7 @@ class OpenAIEmbedder(_WordPieceCounter):
             base_url,
             api_key=api_key,
             what="embedding server",
+            client="embedder",
             timeout_s=timeout_s,
             retries=retries,
             backoff_s=backoff_s,
@@ -272,10 +278,12 @@ class OpenAIEmbedder(_WordPieceCounter):
             data = sorted(answer["data"], key=lambda item: item["index"])
             vectors = np.asarray([item["embedding"] for item in data], dtype=np.float32)
         except (ValueError, KeyError, TypeError) as exc:
+            telemetry.report.model_error("embedder", "bad_answer")
             raise EmbeddingError(
                 f"embedding server {url} sent an unexpected response: {exc}"
             ) from exc
         if vectors.ndim != 2 or len(vectors) != len(texts):
+            telemetry.report.model_error("embedder", "bad_answer")
             raise EmbeddingError(
                 f"embedding server {url} returned {len(vectors)} vectors for {len(texts)} texts"
             )
@@ -300,6 +308,10 @@ class OpenAIEmbedder(_WordPieceCounter):
     def embed_query(self, text: str) -> FloatArray:
         vector: FloatArray = self.embed_documents([text])[0]
         return vector
+
+    def embed_queries(self, texts: Sequence[str]) -> FloatArray:
+        """Several queries in one request (the server is sent queries as it is documents)."""
+        return self.embed_documents(texts)
 
 
 E5_MODEL_NAME = "multilingual-e5-small"

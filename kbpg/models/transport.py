@@ -8,6 +8,7 @@ import time
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from kbpg import telemetry
 from kbpg.errors import ConfigError, ModelError
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ class ModelHTTP:
       backoff (`backoff_s`, doubled each time; a numeric Retry-After wins when it fits the
       budget); other 4xx are not retried.
     - Every failure is one `error` (a ModelError class) naming the server, with `hint`.
+    - Failures and retries are reported to kbpg.telemetry under `client` (embedder, reranker,
+      chat).
     """
 
     def __init__(
@@ -41,6 +44,7 @@ class ModelHTTP:
         *,
         api_key: str | None = None,
         what: str = "model server",
+        client: str = "model",
         connect_timeout_s: float = DEFAULT_CONNECT_TIMEOUT_S,
         timeout_s: float = DEFAULT_TIMEOUT_S,
         budget_s: float | None = None,
@@ -63,6 +67,7 @@ class ModelHTTP:
         self.base_url = base_url.rstrip("/")
         self.api_key = api_key
         self.what = what
+        self.client = client
         self.connect_timeout_s = connect_timeout_s
         self.timeout_s = timeout_s
         self.budget_s = budget_s
@@ -100,6 +105,7 @@ class ModelHTTP:
         delay = 0.0
         for attempt in range(self.retries + 1):
             if attempt:
+                telemetry.report.model_retry(self.client)
                 delay = max(delay, self.backoff_s * 2 ** (attempt - 1))
                 if deadline is not None and time.monotonic() + delay >= deadline:
                     break
@@ -124,6 +130,7 @@ class ModelHTTP:
                     delay = min(retry_after, MAX_RETRY_AFTER_S)
                 continue
             if status >= 400:
+                telemetry.report.model_error(self.client, "refused")
                 refused = self.error(
                     f"{self.what} {url} refused the request: HTTP {status}: {text[:300]}",
                     hint=self.hint_refused,
@@ -134,10 +141,12 @@ class ModelHTTP:
             try:
                 return json.loads(text)
             except ValueError as exc:
+                telemetry.report.model_error(self.client, "bad_answer")
                 raise self.error(
                     f"{self.what} {url} sent an unexpected response: not JSON ({exc})"
                 ) from None
         elapsed = time.monotonic() - started
+        telemetry.report.model_error(self.client, "unreachable")
         raise self.error(
             f"{self.what} {url} failed after {attempts} attempt{'s' * (attempts != 1)} "
             f"({last or 'out of time'}; {elapsed:.1f} s)",

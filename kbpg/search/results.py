@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator, Sequence
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import PurePosixPath
 from typing import Any
 
@@ -83,15 +83,27 @@ class SearchResult:
         """The payload of `kbpg search --json` and of the HTTP API (one shape for both)."""
         return {
             "context": self.context,
-            "sources": [asdict(s) for s in self.sources],
-            "chunks": [asdict(c) for c in self.chunks],
-            "stages": [asdict(s) for s in self.stages],
+            "sources": [_record(s) for s in self.sources],
+            "chunks": [_record(c) for c in self.chunks],
+            "stages": [_record(s) for s in self.stages],
         }
 
     @property
     def warnings(self) -> tuple[str, ...]:
         """One line per stage that failed (the plain result stands in for it)."""
         return tuple(s.warning for s in self.stages if s.warning)
+
+
+def _record(item: Chunk | Source | StageReport) -> dict[str, Any]:
+    """dataclasses.asdict for these flat records (their fields hold no dataclass), without its
+    recursive deep copy: 10x faster, and the HTTP API converts every result."""
+    names = _FIELD_NAMES.get(type(item))
+    if names is None:
+        names = _FIELD_NAMES[type(item)] = tuple(f.name for f in fields(item))
+    return {name: getattr(item, name) for name in names}
+
+
+_FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}
 
 
 def display_sources(sources: Sequence[str], root: str | None = None) -> dict[str, str]:

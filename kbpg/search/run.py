@@ -11,12 +11,13 @@ from typing import Any
 import psycopg
 from psycopg.rows import dict_row
 
+from kbpg import telemetry
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, FloatArray, embed_queries
 from kbpg.search.request import SearchRequest, sql_types
 from kbpg.search.results import Chunk, SearchResult, Timings
-from kbpg.search.stages import StageReport, cap_and_cut, paraphrases, rerank_order
+from kbpg.search.stages import SKIPPED, StageReport, cap_and_cut, paraphrases, rerank_order
 from kbpg.store import queries
 from kbpg.store.sessions import Cancellation, Database, Principal
 
@@ -32,6 +33,7 @@ _SEARCH_TYPES = {
     "extra_embeddings": "",
     "rerank_pool": "integer",
 }
+_SEARCH_TYPE_ITEMS = tuple(_SEARCH_TYPES.items())
 
 
 def _row_to_chunk(row: dict[str, Any]) -> Chunk:
@@ -76,8 +78,8 @@ def run_search(
         stages.append(report)
         questions += found
     windowed = [within_window(embedder, q) for q in questions]
-    if len(windowed) == 1:
-        embeddings = [embedder.embed_query(windowed[0])]
+    if len(windowed) == 1:  # batched with the questions of concurrent searches
+        embeddings = [models.embed_query(windowed[0])]
     else:  # the question and its paraphrases in one batch
         embeddings = list(embed_queries(embedder, windowed))
     embedded = time.perf_counter()
@@ -99,7 +101,7 @@ def run_search(
                     args["extra_embeddings"] = embeddings[1:]
             if reranker is not None:
                 args["rerank_pool"] = max(models.settings.rerank_initial_k, request.top)
-            statement = queries.call_search(_SEARCH_TYPES, list(args))
+            statement = queries.call_search_text(_SEARCH_TYPE_ITEMS, tuple(args))
             with conn.cursor(row_factory=dict_row) as cursor:
                 rows = cursor.execute(statement, args).fetchall()
         finally:
@@ -122,6 +124,7 @@ def run_search(
         sql_ms=(finished - embedded) * 1000 - model_ms,
         total_ms=(finished - started) * 1000,
     )
+    _report(timings, stages)
     return SearchResult(
         query=request.query,
         chunks=tuple(_row_to_chunk(row) for row in rows),
@@ -129,6 +132,16 @@ def run_search(
         notices=tuple(notices),
         stages=tuple(stages),
     )
+
+
+def _report(timings: Timings, stages: list[StageReport]) -> None:
+    """Each stage's time and each optional stage's outcome, to kbpg.telemetry."""
+    telemetry.report.search_stage("embed", timings.embed_ms / 1000)
+    telemetry.report.search_stage("sql", timings.sql_ms / 1000)
+    for stage in stages:
+        telemetry.report.stage_outcome(stage.stage, stage.status)
+        if stage.status != SKIPPED:
+            telemetry.report.search_stage(stage.stage, stage.ms / 1000)
 
 
 @contextmanager

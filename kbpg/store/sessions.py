@@ -14,6 +14,7 @@ import psycopg
 from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
+from kbpg import telemetry
 from kbpg.config import Settings
 from kbpg.errors import (
     Busy,
@@ -25,11 +26,13 @@ from kbpg.errors import (
     RoleUnavailable,
 )
 from kbpg.store import db as kdb
-from kbpg.store import queries
+from kbpg.store import queries, readiness
+from kbpg.store.readiness import PoolStats
 from kbpg.store.replicas import ReadReplicas
 
 Connection = psycopg.Connection[Any]
 log = logging.getLogger("kbpg")
+PRIMARY = "primary"  # the primary's name in telemetry and readiness (replicas: their URL)
 
 
 @dataclass(frozen=True)
@@ -86,6 +89,8 @@ class Database:
 
     def __init__(self, settings: Settings, url: str | None = None, *, pool_size: int = 4) -> None:
         self.settings = settings
+        # no URL anywhere: kbpg's own embedded server, whose database gets its schema on first use
+        embedded = url is None and not settings.database_url
         self.url = url or kdb.resolve_url(settings)
         self._lock = threading.Lock()
         self._conn: Connection | None = None
@@ -96,6 +101,13 @@ class Database:
             self._replicas = ReadReplicas(settings.read_urls, pool_size=pool_size)
         # Fails fast when the database is down (a pool would keep retrying until its timeout).
         probe = kdb.connect(self.url, autocommit=True)
+        try:
+            if embedded and kdb.create_schema_if_missing(probe, self.url, settings.language):
+                log.info("created kbpg's schema in the embedded database (first use)")
+                kdb.register_types(probe)  # pgvector's types exist now
+        except BaseException:
+            probe.close()
+            raise
         if pool_size <= 1:
             self._conn = probe
         else:
@@ -125,12 +137,15 @@ class Database:
         with kdb.translate_errors(), self._checkout(self._pool_for(write), wait) as conn:
             if write:
                 _require_primary(conn)
+            else:
+                telemetry.report.read_routed(PRIMARY)
             yield conn
 
     @contextmanager
     def _checkout(self, pool: ConnectionPool | None, wait: float) -> Iterator[Connection]:
         if pool is None:
             if not self._lock.acquire(timeout=wait):
+                telemetry.report.pool_exhausted(PRIMARY)
                 raise Busy(
                     f"the database connection stayed busy for {wait:g} s",
                     hint="retry shortly (this knowledge base has one connection)",
@@ -146,7 +161,10 @@ class Database:
         try:
             conn = pool.getconn(timeout=wait)
         except PoolTimeout as exc:
-            raise _pool_timeout(pool, wait) from exc
+            error = _pool_timeout(pool, wait, self.url)
+            if isinstance(error, Busy):
+                telemetry.report.pool_exhausted(PRIMARY)
+            raise error from exc
         try:
             conn.autocommit = True  # transactions are explicit: see transaction()
             yield conn
@@ -163,7 +181,7 @@ class Database:
             timeouts = self._timeouts(write)
             if role is not None or timeouts:
                 try:
-                    conn.execute(queries.local_settings(role, timeouts))
+                    conn.execute(queries.local_settings_text(role, tuple(timeouts.items())))
                 except psycopg.Error as exc:
                     if role is None or exc.sqlstate not in ("22023", "42501", "42704"):
                         raise
@@ -198,6 +216,36 @@ class Database:
             "idle_in_transaction_session_timeout": s.idle_in_transaction_timeout_ms,
         }
         return {name: value for name, value in timeouts.items() if value > 0}
+
+    def pool_stats(self) -> list[PoolStats]:
+        """The primary's pool (or its one connection) and each replica pool opened so far."""
+        if self._pool is not None:
+            primary = PoolStats.of(PRIMARY, self._pool)
+        else:
+            primary = PoolStats(PRIMARY, 1, 1, int(self._lock.locked()), 0)
+        replicas = self._replicas.pool_stats() if self._replicas is not None else []
+        return [primary, *replicas]
+
+    def readiness(self, timeout: float = readiness.PROBE_TIMEOUT_S) -> readiness.Readiness:
+        """Whether the primary and each read replica can serve, probed now.
+
+        The primary is asked on a pooled connection, waited for at most `timeout` (busy when
+        none frees: a search would wait as long); each replica on a connection of its own,
+        its replay compared with the primary's WAL position (lagging past KBPG_REPLICA_MAX_LAG).
+        """
+        wait = min(timeout, self.settings.pool_timeout_s)
+        lsn = None
+        try:
+            with kdb.translate_errors(), self._checkout(self._pool, wait) as conn:
+                primary, lsn = readiness.primary_state(conn)
+        except Busy as exc:
+            primary = readiness.DatabaseState(PRIMARY, readiness.BUSY, exc.message)
+        except KbpgError as exc:
+            primary = readiness.DatabaseState(PRIMARY, readiness.DOWN, exc.message)
+        replicas: tuple[readiness.DatabaseState, ...] = ()
+        if self._replicas is not None:
+            replicas = self._replicas.states(lsn, self.settings.replica_max_lag_ms / 1000)
+        return readiness.Readiness(primary, replicas)
 
     def close(self) -> None:
         if self._replicas is not None:
@@ -246,10 +294,16 @@ def _reset(conn: Connection | None) -> None:
         conn.close()
 
 
-def _pool_timeout(pool: ConnectionPool, wait: float) -> KbpgError:
-    """Busy when every connection exists and is in use; unreachable when the pool cannot grow."""
+def _pool_timeout(pool: ConnectionPool, wait: float, url: str) -> KbpgError:
+    """Busy when every connection exists, is in use and the database takes a new one;
+    unreachable when the pool cannot grow or the database refuses connections (connections
+    it broke off count in the pool until they are replaced)."""
     stats = pool.get_stats()
     if stats.get("pool_size", 0) >= stats.get("pool_max", 1):
+        try:
+            kdb.connect(url, autocommit=True).close()
+        except DatabaseUnavailable as exc:
+            return exc
         return Busy(
             f"all {stats.get('pool_max')} database connections stayed busy for {wait:g} s",
             hint="retry shortly, or give the server more connections (--pool-size)",

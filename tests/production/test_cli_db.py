@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import json
 import re
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from kbpg.store import db as kdb
 from kbpg.store.embedded import EmbeddedServer
-from tests.helpers import clean_env, run_kbpg
+from tests.helpers import KBPG, clean_env, run_kbpg
+from tests.release_fixtures import REPO
 
+SAMPLES = REPO / "samples" / "kb"
 UNREACHABLE = "postgresql://postgres@/kbpg?host=/nonexistent-kbpg-socket-dir&port=5432"
 
 
@@ -153,3 +157,48 @@ def test_upgrade_an_external_postgresql_by_url(kbpg_home: Path) -> None:
         assert not (kbpg_home / "unused").exists(), "no embedded server was started"
     finally:
         other.stop()
+
+
+def test_first_use_of_the_embedded_server_creates_the_schema(kbpg_home: Path) -> None:
+    """A fresh KBPG_HOME: ingest and search work with no `kbpg db upgrade` (the embedded
+    server is kbpg's own); two first commands at once both succeed, one creating the schema."""
+    env = clean_env(KBPG_HOME=str(kbpg_home))
+    first = [
+        subprocess.Popen(
+            [KBPG, "documents", "list", "--json"],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(2)
+    ]
+    for proc in first:
+        out, err = proc.communicate(timeout=300)
+        assert (proc.returncode, json.loads(out or "null")) == (0, []), err
+    ingest = run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=env)
+    assert ingest.returncode == 0, ingest.stderr
+    found = run_kbpg("search", "how do I renew a parking permit", "--json", env=env)
+    assert found.returncode == 0, found.stderr
+    assert Path(json.loads(found.stdout)["chunks"][0]["source"]).name == "renew-permit.md"
+    assert run_kbpg("db", "current", env=env).stdout.strip() == kdb.head_revision()
+
+
+def test_first_use_of_the_embedded_server_takes_kbpg_language(kbpg_home: Path) -> None:
+    """KBPG_LANGUAGE on a fresh KBPG_HOME: the schema is created in that language, so ingest
+    neither stops at "KBPG_LANGUAGE is german, but this knowledge base is in english" nor needs
+    `kbpg db upgrade --language`."""
+    env = clean_env(KBPG_HOME=str(kbpg_home), KBPG_LANGUAGE="german")
+    ingest = run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=env)
+    assert ingest.returncode == 0, ingest.stderr
+    assert "this knowledge base is in english" not in ingest.stderr
+    stats = json.loads(run_kbpg("stats", "--json", env=env).stdout)
+    assert (stats["language"], stats["documents"]) == ("german", 5)
+
+
+def test_a_database_of_your_own_is_never_migrated_by_ingest(new_database) -> None:
+    env = clean_env(KBPG_DATABASE_URL=new_database(migrated=False))
+    ingest = run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=env)
+    assert ingest.returncode == 1
+    assert "Hint: run `kbpg db upgrade`" in ingest.stderr
+    assert run_kbpg("db", "current", env=env).stdout.strip() == "none"

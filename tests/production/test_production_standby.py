@@ -16,10 +16,12 @@ from pathlib import Path
 import httpx
 import psycopg
 import pytest
+from fastapi.testclient import TestClient
 
 from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
-from kbpg.store.db import upgrade
+from kbpg.serve.http import create_app
+from kbpg.store.db import head_revision, upgrade
 from kbpg.store.embedded import EmbeddedServer
 from tests.conftest import with_database
 from tests.helpers import KBPG, clean_env, run_kbpg
@@ -43,20 +45,37 @@ def wait_for_replay(primary_url: str, standby_url: str, timeout: float = 60) -> 
 
 
 @pytest.fixture(scope="module")
-def replicated() -> Iterator[tuple[str, str]]:
-    """(primary URL, standby URL): an embedded server and a hot standby of it."""
+def standby_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="kbpg-standby-", dir="/tmp"))
     root.chmod(0o755)  # reachable by the unprivileged server user when tests run as root
-    primary = EmbeddedServer(root / "primary", durable=False)
-    standby = EmbeddedServer(root / "standby", durable=False)
+    yield root
+    shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def replicated(standby_root: Path) -> Iterator[tuple[str, str]]:
+    """(primary URL, standby URL): an embedded server and a hot standby of it, made by
+    `kbpg db standby`."""
+    primary = EmbeddedServer(standby_root / "primary", durable=False)
+    standby = EmbeddedServer(standby_root / "standby")
     try:
         primary_url = primary.start()
-        standby = primary.create_standby(root / "standby")
-        yield primary_url, standby.url()
+        made = run_kbpg(
+            "db",
+            "standby",
+            str(standby_root / "standby"),
+            env=clean_env(KBPG_HOME=str(standby_root / "primary")),
+            timeout=600,
+        )
+        assert made.returncode == 0, made.stderr
+        standby_url = made.stdout.strip()
+        assert standby_url == standby.url()
+        assert f"export KBPG_READ_URL='{standby_url}'" in made.stderr
+        assert f"KBPG_HOME={standby_root / 'standby'} kbpg db stop" in made.stderr
+        yield primary_url, standby_url
     finally:
         standby.stop()
         primary.stop()
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture(scope="module")
@@ -228,3 +247,71 @@ def test_read_url_list_keeps_multi_host_urls_whole() -> None:
     )
     assert parse_read_urls("") == () == parse_read_urls(None)
     assert redacted("postgres://kb:pw@r3/kb") == "postgres://kb:***@r3/kb"
+
+
+def test_standby_of_a_primary_given_by_url(
+    replicated: tuple[str, str], kb_on_primary: str, standby_root: Path
+) -> None:
+    """`kbpg db standby DIR --primary URL`: a copy of any PostgreSQL 18 the URL's role may
+    replicate, answering searches once made; a second standby into the same place is refused."""
+    primary_url, _ = replicated
+    target = standby_root / "by-url"
+    made = run_kbpg("db", "standby", str(target), "--primary", primary_url, env=clean_env())
+    try:
+        assert made.returncode == 0, made.stderr
+        url = made.stdout.strip()
+        assert url == EmbeddedServer(target).url("kbpg", "postgres")
+        wait_for_replay(primary_url, url)
+        with psycopg.connect(url) as conn:
+            assert conn.execute("select pg_is_in_recovery()").fetchone() == (True,)
+        env = clean_env(KBPG_DATABASE_URL=url, KBPG_HOME=kb_on_primary)
+        found = run_kbpg("search", "how do I renew a parking permit", "--json", env=env)
+        assert _sources(found)[0] == "renew-permit.md"
+        again = run_kbpg("db", "standby", str(target), "--primary", primary_url, env=clean_env())
+        assert again.returncode == 1
+        assert again.stderr.startswith(f"Error: {target / 'pgdata'} already holds a database")
+    finally:
+        EmbeddedServer(target).stop()
+
+
+def test_readiness_and_metrics_per_replica(replicated: tuple[str, str], kb_on_primary: str) -> None:
+    """/readyz reports the primary and each replica (down, lagging, ok); /metrics counts the
+    reads each served and the replicas skipped."""
+    primary_url, standby_url = replicated
+    down = "postgresql://postgres@/kbpg?host=%2Ftmp%2Fkbpg-no-such-server&port=5432"
+    settings = replace(Settings.from_env(), database_url=primary_url, read_urls=(down, standby_url))
+    head = head_revision()
+    with KnowledgeBase(primary_url, settings=settings, pool_size=2) as kb:
+        api = TestClient(create_app(kb), base_url="http://localhost")
+        body = api.get("/readyz").json()
+        assert body["ok"] is True
+        assert body["primary"] == {"status": "ok", "schema": head}
+        assert [r["status"] for r in body["replicas"]] == ["down", "ok"]
+        assert body["replicas"][1] == {
+            "replica": 2, "status": "ok", "schema": head, "lag_bytes": 0, "lag_s": 0.0
+        }  # fmt: skip
+
+        assert api.post("/api/v1/kb/search", json={"query": "parking permit"}).status_code == 200
+        metrics = api.get("/metrics").text
+        assert f'kbpg_reads_total{{database="{standby_url}"}} 1.0' in metrics
+        assert f'kbpg_replica_skips_total{{reason="down",replica="{down}"}} 1.0' in metrics
+        assert 'kbpg_reads_total{database="primary"}' not in metrics
+
+        with psycopg.connect(standby_url, autocommit=True) as standby:
+            standby.execute("select pg_wal_replay_pause()")
+            try:
+                with psycopg.connect(primary_url) as conn:
+                    # flushed at commit (this test primary runs with synchronous_commit off)
+                    conn.execute("set synchronous_commit = on")
+                    conn.execute("update kb.documents set title = title")
+                lagging = kb.readiness().replicas[1]
+                assert lagging.status == "lagging" and lagging.lag_bytes and lagging.lag_bytes > 0
+                assert "its WAL replay is paused" in lagging.detail
+                body = api.get("/readyz").json()
+                assert body["ok"] is True  # the primary answers searches meanwhile
+                assert body["replicas"][1]["status"] == "lagging"
+                assert body["replicas"][1]["lag_bytes"] == lagging.lag_bytes
+            finally:
+                standby.execute("select pg_wal_replay_resume()")
+        wait_for_replay(primary_url, standby_url)
+        assert kb.readiness().replicas[1].status == "ok"

@@ -310,6 +310,9 @@ def test_eval_drops_database_on_interrupt(tiny_dataset: Path, db_url: str) -> No
                 raise KeyboardInterrupt
             return inner.embed_documents(texts)
 
+        def embed_queries(self, texts: list[str]) -> Any:  # MiniLM embeds queries in batches
+            return self.embed_documents(texts)
+
     with pytest.raises(KeyboardInterrupt):
         ev.evaluate(db_url, ev.load_beir(tiny_dataset), Interrupting(), progress=messages.append)
     assert Interrupting.calls >= 2  # ingest ran before the interrupt

@@ -171,12 +171,23 @@ def test_unmigrated_database(new_database: Callable[..., str], embedder: Embedde
             r.search("renew parking permit")
         assert info.value.hint == "run `kbpg db upgrade`"
         report = r.health()
-    assert report["ok"] is False and report["database"] == "ok"
+    assert report["ok"] is False
+    assert report["primary"] == {
+        "database": "primary",
+        "status": "unmigrated",
+        "detail": f"kbpg schema at none, this kbpg needs {kdb.head_revision()}",
+        "schema": None,
+    }
 
 
 def test_health(retriever: Retriever) -> None:
     report = retriever.health()
-    assert report == {"database": "ok", "schema": "ok", "model": "all-MiniLM-L6-v2", "ok": True}
+    assert report == {
+        "ok": True,
+        "model": "all-MiniLM-L6-v2",
+        "primary": {"database": "primary", "status": "ok", "schema": kdb.head_revision()},
+        "replicas": [],
+    }
 
 
 def test_retriever_from_env_and_close(kb_url: str, monkeypatch: pytest.MonkeyPatch) -> None:  # noqa: F811

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from kbpg.models.embedders import Embedder
+from kbpg.store import db as kdb
 from tests.conftest import drop_database
 from tests.helpers import KBPG, run_kbpg
 from tests.http_server import free_port, running_server
@@ -40,14 +41,16 @@ def search(api: httpx.Client, **body: object) -> httpx.Response:
     return api.post(SEARCH, json=body, headers=AUTH)
 
 
-def test_health_needs_no_token(api: httpx.Client) -> None:
-    response = api.get("/healthz")
-    assert response.status_code == 200
-    assert response.json() == {
-        "database": "ok",
-        "schema": "ok",
-        "model": "all-MiniLM-L6-v2",
+def test_probes_need_no_token(api: httpx.Client) -> None:
+    alive = api.get("/healthz")
+    assert (alive.status_code, alive.json()) == (200, {"ok": True})
+    ready = api.get("/readyz")
+    assert ready.status_code == 200
+    assert ready.json() == {
         "ok": True,
+        "model": "all-MiniLM-L6-v2",
+        "primary": {"status": "ok", "schema": kdb.head_revision()},
+        "replicas": [],
     }
 
 
@@ -218,7 +221,7 @@ def test_openapi_document(api: httpx.Client) -> None:
     operation = spec["paths"][SEARCH]["post"]
     assert "requestBody" in operation and "422" in operation["responses"]
     assert "SearchRequest" in spec["components"]["schemas"]
-    assert "/healthz" in spec["paths"]
+    assert "/healthz" in spec["paths"] and "/readyz" in spec["paths"]
 
 
 def test_twenty_concurrent_clients(api: httpx.Client) -> None:
@@ -254,9 +257,10 @@ def test_database_gone_is_503(
     with running_server(env_for(url, tmp_path), tmp_path / "serve.log") as client:
         assert client.post(SEARCH, json={"query": "permit"}).status_code == 200
         drop_database(admin_url, url.rsplit("/", 1)[1].split("?")[0])
-        health = client.get("/healthz")
-        assert health.status_code == 503
-        assert health.json()["ok"] is False
+        assert client.get("/healthz").status_code == 200  # the process lives
+        ready = client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["ok"] is False
         response = client.post(SEARCH, json={"query": "permit"})
         assert response.status_code == 503
         assert response.json() == {
@@ -264,7 +268,8 @@ def test_database_gone_is_503(
             "message": "the database is unavailable",
             "hint": "retry later",
         }
-        assert health.json()["database"] == "unavailable"  # no socket path, no PostgreSQL text
+        # no socket path, no PostgreSQL text
+        assert ready.json()["primary"] == {"status": "down", "schema": None}
 
 
 def test_serve_refuses_to_start_without_a_database(tmp_path: Path) -> None:

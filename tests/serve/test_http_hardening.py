@@ -131,8 +131,9 @@ def test_unmigrated_database_is_503_without_internals(
             "message": "the knowledge base is not ready yet",
             "hint": "retry later",
         }
-        health = api.get("/healthz").json()
-        assert health["ok"] is False and health["schema"] != "ok"
+        ready = api.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.json()["primary"] == {"status": "unmigrated", "schema": None}
 
 
 @contextmanager
