@@ -36,14 +36,16 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return coalesce((select r.rolsuper or r.rolbypassrls from pg_catalog.pg_roles r where r.oid = caller), false)
+-- a string body: Citus runs a statement on its tables from the statement's text, which a
+-- SQL-standard body does not have ("syntax error at or near RETURN"; docs/scaling.md section 5)
+as $$ select coalesce((select r.rolsuper or r.rolbypassrls from pg_catalog.pg_roles r where r.oid = caller), false)
     -- the tables' owner, and every role that may use it (as for row-level security)
     or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
-                                                 where c.oid = 'kb.chunks'::pg_catalog.regclass),
+                                                 where c.oid = pg_catalog.to_regclass('kb.chunks')),
                                        'USAGE'), false)
     or coalesce((select pg_catalog.pg_has_role(
                             caller, pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)), 'USAGE')
-                   from kb.access_settings s), false);
+                   from kb.access_settings s), false) $$;
 comment on function kb._access_reads_all_as(oid) is
     'True when the role reads every group: a superuser, a role with BYPASSRLS, the kb tables'' '
     'owner or a role that may use it, or a role that may use the writer role.';
@@ -54,10 +56,12 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return (select coalesce(pg_catalog.array_agg(distinct g.group_name order by g.group_name), '{}')
+-- a string body: Citus runs a statement on its tables from the statement's text, which a
+-- SQL-standard body does not have ("syntax error at or near RETURN"; docs/scaling.md section 5)
+as $$ select (select coalesce(pg_catalog.array_agg(distinct g.group_name order by g.group_name), '{}')
           from kb.access_grants g
          where coalesce(pg_catalog.pg_has_role(
-                   caller, pg_catalog.to_regrole(pg_catalog.quote_ident(g.role)), 'USAGE'), false));
+                   caller, pg_catalog.to_regrole(pg_catalog.quote_ident(g.role)), 'USAGE'), false)) $$;
 comment on function kb._access_groups_of(oid) is
     'The groups granted to the role or to any role it may use (pg_has_role ''USAGE'').';
 
@@ -68,7 +72,7 @@ stable
 security invoker
 set search_path = pg_catalog, pg_temp
 return case when not (select c.relrowsecurity from pg_catalog.pg_class c
-                       where c.oid = 'kb.chunks'::pg_catalog.regclass)
+                       where c.oid = pg_catalog.to_regclass('kb.chunks'))
                  or kb._access_reads_all_as(kb._access_caller())
             then null
             else kb._access_groups_of(kb._access_caller()) end;

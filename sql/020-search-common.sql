@@ -58,19 +58,29 @@ declare
     -- load it may still say 0, which would sample every page); should kb.chunks be
     -- partitioned, its own size is 0 and its partitions' count (pg_partition_tree lists
     -- nothing for a plain table)
-    pages constant double precision := greatest(
+    pages double precision := greatest(
         (pg_catalog.pg_relation_size('kb.chunks'::pg_catalog.regclass)
          + coalesce((select pg_catalog.sum(pg_catalog.pg_relation_size(t.relid))
                        from pg_catalog.pg_partition_tree('kb.chunks'::pg_catalog.regclass) t
                       where t.isleaf), 0))
         / pg_catalog.current_setting('block_size')::bigint, 1);
-    -- about 256 of the table's pages, the same ones every time (~1 ms; counting the rows of a
-    -- 1% filter at 1M chunks read 2,600 pages: 14 ms, and a 0.5% sample 2,000: 10 ms)
-    share constant double precision := least(100, 25600 / pages);
+    share double precision;
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', '$4', filter_groups, filter_category, filter_labels, visible_groups);
     sampled bigint;
 begin
+    if kb._distributed() then
+        -- the coordinator's kb.chunks is an empty shell (size 0: a sample of 100%, every row
+        -- read); its shards' sizes would take a command to every worker, so the pages are
+        -- reckoned from the chunk count at a row of 4 bytes a dimension plus ~1 kB (the share
+        -- only sets the sample's size; the count is scaled by the share actually sampled)
+        select greatest(s.chunk_count * (4 * coalesce(
+                   (select e.dimension from kb.embedding_space e), 384) + 1000) / 8192.0, 1)
+          into pages from kb._bm25_statistics_distributed('{}') s;
+    end if;
+    -- about 256 of the table's pages, the same ones every time (~1 ms; counting the rows of a
+    -- 1% filter at 1M chunks read 2,600 pages: 14 ms, and a 0.5% sample 2,000: 10 ms)
+    share := least(100, 25600 / pages);
     -- also_sql: a condition of the caller's own, a constant of kbpg's code (never input)
     execute format('select pg_catalog.count(*) from kb.chunks c tablesample system (%s) repeatable (0) '
                    'where %s and %s', share, filter_sql, coalesce(also_sql, 'true'))

@@ -58,6 +58,12 @@ declare
     filtered_rows bigint;
     q text := '$8';
     distance_sql text;
+    distributed constant boolean := kb._distributed();
+    ef_search integer;
+    scan_tuples integer;
+    scan_ids bigint[];
+    scan_docs bigint[];
+    scan_distances double precision[];
     scan_sql text;
     rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
 begin
@@ -115,19 +121,36 @@ begin
         candidates := _search_vector.match_count * coalesce(
             kb._tuning('kb.vector_rerank_factor', 1, 32)::integer, 16);
     end if;
-    perform pg_catalog.set_config('hnsw.ef_search',
-        least(1000, greatest(40, 8 * _search_vector.match_count, candidates))::text, true);
-    perform pg_catalog.set_config('hnsw.max_scan_tuples',
-        greatest(20000, 50 * candidates)::text, true);
+    ef_search := least(1000, greatest(40, 8 * _search_vector.match_count, candidates));
+    scan_tuples := greatest(20000, 50 * candidates);
+    if distributed then
+        -- the SET clauses above and set_config() change the coordinator alone; SET LOCAL with
+        -- citus.propagate_set_commands = local goes to the workers with each shard's query
+        -- (inside a transaction block: in autocommit mode the workers keep their defaults,
+        -- which kbpg db distribute sets to iterative scans)
+        perform kb._set_local_on_workers(array['hnsw.ef_search', 'hnsw.max_scan_tuples',
+                                               'hnsw.iterative_scan'],
+                                         array[ef_search::text, scan_tuples::text, 'relaxed_order']);
+    else
+        perform pg_catalog.set_config('hnsw.ef_search', ef_search::text, true);
+        perform pg_catalog.set_config('hnsw.max_scan_tuples', scan_tuples::text, true);
+    end if;
     -- under row-level security (kb.access_enable) no filter can use an index (&& is not
     -- leakproof: the planner applies it after the policy), so counting the filtered rows and
     -- sorting them exactly would each read every chunk: the HNSW scan filters instead,
     -- bounded by hnsw.max_scan_tuples
     if filter_sql <> 'true' and not rls then
         -- kb.vector_exact_limit overrides the crossover (tests force either path with it)
-        select coalesce(kb._tuning('kb.vector_exact_limit', 0, 100000),
-                        greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
-          into exact_limit from kb.corpus_stats s;
+        if distributed then
+            -- the chunk count in one flat statement (the kb.corpus_stats view is planned in two)
+            select coalesce(kb._tuning('kb.vector_exact_limit', 0, 100000),
+                            greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
+              into exact_limit from kb._bm25_statistics_distributed('{}') s;
+        else
+            select coalesce(kb._tuning('kb.vector_exact_limit', 0, 100000),
+                            greatest(1000, pg_catalog.ceil(pg_catalog.sqrt(180.0 * s.chunk_count)))::bigint)
+              into exact_limit from kb.corpus_stats s;
+        end if;
         -- estimated (counting the rows of a 1% filter at 1M chunks took 14 ms of its 100)
         filtered_rows := kb._filtered_rows_estimate(
             _search_vector.groups, _search_vector.category, _search_vector.labels,
@@ -162,6 +185,38 @@ begin
             filtered_ids := coalesce(filtered_ids, case when _search_vector.keep_filtered then '{}'::bigint[] end);
             return;
         end if;
+    end if;
+    if distributed then
+        -- Citus cannot push a LATERAL ... LIMIT per embedding down to the shards: one
+        -- statement per embedding (each shard returns its best), merged here as below
+        for i in 1..cardinality(embeddings) loop
+            execute pg_catalog.format(
+                'select pg_catalog.array_agg(x.id), pg_catalog.array_agg(x.document_id), '
+                '       pg_catalog.array_agg(x.distance) '
+                '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+                '         where %3$s and c.embedding is not null order by %2$s limit $7) x',
+                pg_catalog.replace(exact_sql, '{q}', '$8'), pg_catalog.replace(order_sql, '{q}', '$8'),
+                filter_sql)
+               into scan_ids, scan_docs, scan_distances
+              using _search_vector.groups, _search_vector.category, _search_vector.labels,
+                    embeddings, _search_vector.match_count, _search_vector.min_similarity,
+                    candidates, embeddings[i], _search_vector.visible_groups;
+            select pg_catalog.array_agg(h.id order by h.distance, h.id),
+                   pg_catalog.array_agg(h.document_id order by h.distance, h.id),
+                   pg_catalog.array_agg(h.distance order by h.distance, h.id)
+              into chunk_ids, document_ids, distances
+              from (select u.id, u.document_id, pg_catalog.min(u.distance) as distance
+                      from (select * from unnest(chunk_ids, document_ids, distances)
+                            union all
+                            select * from (select * from unnest(scan_ids, scan_docs, scan_distances)
+                                                  as s(id, document_id, distance)
+                                            order by 3, 1 limit _search_vector.match_count) s
+                           ) u(id, document_id, distance)
+                     group by u.id, u.document_id
+                     order by distance, u.id limit _search_vector.match_count) h
+             where 1 - h.distance >= _search_vector.min_similarity or i < cardinality(embeddings);
+        end loop;
+        return;
     end if;
     -- h: the index's candidates (ordered by the layout's expression), ranked by exact
     -- distance; several embeddings: one index scan each, and a chunk several of them found

@@ -100,7 +100,9 @@ stable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
+-- a string body: a SQL-standard one would make the function depend on kb.lexeme_stats, which
+-- kbpg db distribute (Citus) replaces by a view of the shards' sums
+as $$
     -- each excluded word excludes the chunks holding all of its lexemes (a Han word: all its
     -- bigrams, not any one of them); known_only: a word with a lexeme the corpus lacks excludes
     -- nothing and is dropped
@@ -118,8 +120,8 @@ begin atomic
     select coalesce((select array_agg(distinct l.lexeme order by l.lexeme)
                        from kept, pg_catalog.unnest(kept.lexemes) as l(lexeme)), '{}'),
            (select pg_catalog.string_agg('(' || kb._lexemes_all_tsquery(kept.lexemes)::text || ')', ' | ')
-              from kept)::pg_catalog.tsquery;
-end;
+              from kept)::pg_catalog.tsquery
+$$;
 comment on function kb._cjk_exclusion(text[], boolean) is
     'What "-word" query words exclude under the cjk analysis: their lexemes, and the tsquery '
     'matching chunks that hold all the lexemes of one of them; known_only: only words whose '

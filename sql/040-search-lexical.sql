@@ -264,6 +264,10 @@ declare
     -- terms and small queries go through the impact cache too, whose rows are split by
     -- visibility class, so its sums hold only the chunks this role may read
     rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    -- the distributed layout (Citus, sql/015): statistics summed over the shards in one
+    -- statement, and the chunks the cache does not cover read with the candidates
+    distributed constant boolean := kb._distributed();
+    stats record;
     -- a reader's call (kb._access_visibility()): the impact cache, split by visibility class
     -- while access control is enforced, sums only the classes it may read, and every chunk
     -- read otherwise (past the watermark, pending, rare terms) is rescored under its visibility
@@ -272,18 +276,37 @@ begin
     perform kb._check_match_count(_search_lexical.match_count);
     perform kb._check_filter_lists(_search_lexical.groups, _search_lexical.labels);
     select * into qt from kb._query_terms(_search_lexical.query_text);
-    select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
-      into n_chunks, avgdl from kb.corpus_stats s;
-    -- the cost bound: of the query's lexemes the corpus holds, the 64 rarest are scored
-    select array_agg(l.lexeme order by l.lexeme),
-           array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
-                     order by l.lexeme),
-           array_agg(l.doc_freq order by l.lexeme),
-           sum(l.doc_freq)
-      into terms, idfs, dfs, df_total
-      from (select s.lexeme, s.doc_freq from kb.lexeme_stats s
-             where s.lexeme = any (qt.terms) and s.doc_freq > 0
-             order by s.doc_freq, s.lexeme limit 64) l;
+    if distributed then
+        -- Citus plans no generic plan of a statement over distributed tables ("could not
+        -- create distributed plan"): these statements are planned with their values
+        perform pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
+        stats := kb._bm25_statistics_distributed(qt.terms || qt.excluded);
+        n_chunks := stats.chunk_count;
+        avgdl := stats.total_tokens::float8 / greatest(stats.chunk_count, 1);
+        select array_agg(l.lexeme order by l.lexeme),
+               array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
+                         order by l.lexeme),
+               array_agg(l.doc_freq order by l.lexeme),
+               sum(l.doc_freq)
+          into terms, idfs, dfs, df_total
+          from (select u.lexeme, u.doc_freq
+                  from unnest(stats.found_lexemes, stats.doc_freqs) as u(lexeme, doc_freq)
+                 where u.lexeme = any (qt.terms)
+                 order by u.doc_freq, u.lexeme limit 64) l;
+    else
+        select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
+          into n_chunks, avgdl from kb.corpus_stats s;
+        -- the cost bound: of the query's lexemes the corpus holds, the 64 rarest are scored
+        select array_agg(l.lexeme order by l.lexeme),
+               array_agg(pg_catalog.ln(1 + (n_chunks - l.doc_freq + 0.5::float8) / (l.doc_freq + 0.5::float8))
+                         order by l.lexeme),
+               array_agg(l.doc_freq order by l.lexeme),
+               sum(l.doc_freq)
+          into terms, idfs, dfs, df_total
+          from (select s.lexeme, s.doc_freq from kb.lexeme_stats s
+                 where s.lexeme = any (qt.terms) and s.doc_freq > 0
+                 order by s.doc_freq, s.lexeme limit 64) l;
+    end if;
     if terms is null then
         return;
     end if;
@@ -295,6 +318,13 @@ begin
     excluded := qt.exclusion;
     all_terms := kb._lexemes_tsquery(terms);
     select * into state from kb.lexical_state;
+    if distributed then
+        -- kb.chunks was truncated since the cache was built (a shard cannot reset the cache on
+        -- the coordinator): ids may restart below its watermark, so it is not used until a refresh
+        if stats.reset_at >= coalesce(state.refreshed_at, '-infinity') then
+            state := pg_catalog.jsonb_populate_record(state, '{"watermark": 0}');
+        end if;
+    end if;
     -- the blocks the sums would read: every block up to the watermark while the ids are dense;
     -- they need not be (a re-ingested document's chunks take new ids: 100k chunks re-ingested
     -- 10% a day span ~230 blocks after a year and fill 7, and the id range sent every query
@@ -389,15 +419,18 @@ begin
         -- generic plan, with the watermark unknown, the two-sided id range and the coalesce
         -- keep the second query an id range scan, never a GIN scan of every chunk holding a
         -- frequent term)
+        -- (distributed: read in the rescoring statement, kb._bm25_rank_distributed)
         extra_ids := '{}';
-        if exists (select 1 from kb.chunks c where c.id > state.watermark) then
-            select coalesce(array_agg(c.id), '{}') into extra_ids
-              from kb.chunks c
-             where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
-               and coalesce(c.tsv @@ all_terms, false);
+        if not distributed then
+            if exists (select 1 from kb.chunks c where c.id > state.watermark) then
+                select coalesce(array_agg(c.id), '{}') into extra_ids
+                  from kb.chunks c
+                 where c.id between state.watermark + 1 and pg_catalog.int8 '9223372036854775807'
+                   and coalesce(c.tsv @@ all_terms, false);
+            end if;
+            select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
+              from kb.lexical_pending p;
         end if;
-        select extra_ids || coalesce(array_agg(p.chunk_id), '{}') into extra_ids
-          from kb.lexical_pending p;
 
         -- rare terms: reading all their chunks is cheaper than summing their blocks, so those
         -- chunks become candidates and the terms leave the sums (an unread chunk has none);
@@ -411,7 +444,7 @@ begin
                       from unnest(terms, dfs) as u(lexeme, df)) x
              where x.running <= 4 * cached_blocks;
         end if;
-        if cardinality(rare_terms) > 0 then
+        if cardinality(rare_terms) > 0 and not distributed then
             select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
               from kb.chunks c
              where c.tsv @@ kb._lexemes_tsquery(rare_terms);
@@ -507,28 +540,41 @@ begin
 
             -- exact BM25 of the candidates: without filters as static SQL (its plan is cached;
             -- EXECUTE in kb._bm25_rank plans anew), with them through kb._bm25_rank
-            select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
-                   array_agg(b.document_id order by b.score desc, b.chunk_id),
-                   array_agg(b.score order by b.score desc, b.chunk_id)
-              into ranked_ids, ranked_docs, ranked_scores
-              from ((select c.id as chunk_id, c.document_id, s.score
-                       from kb.chunks c
-                       cross join lateral kb._bm25_score(c.tsv, c.token_count, terms, idfs, avgdl) s
-                      where filter_sql = 'true'
-                        and c.id = any (candidate_ids || extra_ids)
-                        and (not restricted or c.groups = '{}'
-                             or c.groups operator(pg_catalog.&&) _search_lexical.visible_groups)
-                        and c.tsv @@ all_terms
-                        and (excluded is null or not c.tsv @@ excluded)
-                      order by s.score desc, c.id
-                      limit _search_lexical.match_count)
-                    union all
-                    select r.chunk_id, r.document_id, r.score
-                      from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
-                                         _search_lexical.match_count, _search_lexical.groups,
-                                         _search_lexical.category, _search_lexical.labels,
-                                         visible_groups => _search_lexical.visible_groups) r
-                     where filter_sql <> 'true') b;
+            if distributed then
+                -- one statement (a task per shard) for the candidates and the uncovered chunks
+                select array_agg(r.chunk_id order by r.rank), array_agg(r.document_id order by r.rank),
+                       array_agg(r.score order by r.rank)
+                  into ranked_ids, ranked_docs, ranked_scores
+                  from kb._bm25_rank_distributed(terms, idfs, avgdl, excluded, candidate_ids,
+                                                 _search_lexical.match_count, _search_lexical.groups,
+                                                 _search_lexical.category, _search_lexical.labels,
+                                                 uncached_since => state.watermark,
+                                                 rare => kb._lexemes_tsquery(rare_terms),
+                                                 visible_groups => _search_lexical.visible_groups) r;
+            else
+                select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
+                       array_agg(b.document_id order by b.score desc, b.chunk_id),
+                       array_agg(b.score order by b.score desc, b.chunk_id)
+                  into ranked_ids, ranked_docs, ranked_scores
+                  from ((select c.id as chunk_id, c.document_id, s.score
+                           from kb.chunks c
+                           cross join lateral kb._bm25_score(c.tsv, c.token_count, terms, idfs, avgdl) s
+                          where filter_sql = 'true'
+                            and c.id = any (candidate_ids || extra_ids)
+                            and (not restricted or c.groups = '{}'
+                                 or c.groups operator(pg_catalog.&&) _search_lexical.visible_groups)
+                            and c.tsv @@ all_terms
+                            and (excluded is null or not c.tsv @@ excluded)
+                          order by s.score desc, c.id
+                          limit _search_lexical.match_count)
+                        union all
+                        select r.chunk_id, r.document_id, r.score
+                          from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
+                                             _search_lexical.match_count, _search_lexical.groups,
+                                             _search_lexical.category, _search_lexical.labels,
+                                             visible_groups => _search_lexical.visible_groups) r
+                         where filter_sql <> 'true') b;
+            end if;
 
             -- exact once the k-th score beats every chunk left below theta (float32 slack)
             exit when theta = 0
@@ -548,6 +594,15 @@ begin
         end loop;
     end if;
 
+    if exhaustive and distributed then
+        return query select * from kb._bm25_rank_distributed(
+                                       terms, idfs, avgdl, excluded, null,
+                                       _search_lexical.match_count, _search_lexical.groups,
+                                       _search_lexical.category, _search_lexical.labels,
+                                       filter_first => filter_first,
+                                       visible_groups => _search_lexical.visible_groups);
+        return;
+    end if;
     if exhaustive then
         return query select * from kb._bm25_rank(terms, idfs, avgdl, excluded, null,
                                                  _search_lexical.match_count, _search_lexical.groups,

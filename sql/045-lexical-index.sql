@@ -18,23 +18,47 @@ declare
     b integer;
     -- while access control is enforced, one row per visibility class (the chunk's groups)
     split constant boolean := kb._access_enforced();
+    -- the distributed layout (Citus, sql/015): statistics per shard, chunks on the workers
+    distributed constant boolean := kb._distributed();
+    stats record;
+    truncated boolean := false;
 begin
     -- writers wait while the cache is rebuilt, so the new watermark covers every visible chunk
     lock table kb.chunks in share mode;
     lock table kb.lexical_state in exclusive mode;
     select * into state from kb.lexical_state;
-    select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
-      into n_chunks, live_avgdl from kb.corpus_stats s;
+    if distributed then
+        perform pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
+        stats := kb._bm25_statistics_distributed('{}');
+        n_chunks := stats.chunk_count;
+        live_avgdl := stats.total_tokens::float8 / greatest(stats.chunk_count, 1);
+        -- a TRUNCATE since the last refresh (which the shards could not clear the cache for)
+        truncated := stats.reset_at >= coalesce(state.refreshed_at, '-infinity');
+    else
+        select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
+          into n_chunks, live_avgdl from kb.corpus_stats s;
+    end if;
     select coalesce(max(c.id), 0) into max_id from kb.chunks c;
     live_avgdl := greatest(live_avgdl, 1e-9);
 
-    if full_rebuild or state.watermark = 0 or state.split_by_groups <> split
+    if full_rebuild or state.watermark = 0 or state.split_by_groups <> split or truncated
        or pg_catalog.abs(live_avgdl / state.avgdl - 1) > 0.05 then
         -- impacts drift with the average length: past 5% rebuild them all with the live one
         delete from kb.lexical_blocks;
         use_avgdl := live_avgdl;
         select coalesce(array_agg(g order by g), '{}') into rebuild
           from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
+    elsif distributed then
+        use_avgdl := state.avgdl;
+        -- the dirty blocks first (a distributed table), then the blocks past the watermark
+        select coalesce(array_agg(distinct d.block_no), '{}') into rebuild
+          from kb.lexical_dirty_blocks d;
+        select coalesce(array_agg(distinct g order by g), '{}') into rebuild
+          from (select unnest(rebuild) as g
+                union all
+                select pg_catalog.generate_series((state.watermark / state.block_size)::integer,
+                                                  (max_id / state.block_size)::integer)
+                 where max_id > state.watermark) x;
     else
         use_avgdl := state.avgdl;
         select coalesce(array_agg(distinct g order by g), '{}') into rebuild
@@ -45,8 +69,44 @@ begin
                  where max_id > state.watermark) x;
     end if;
 
+    if distributed and cardinality(rebuild) > 0 then
+        -- every lexeme's idf, once: the shards' counts summed (a join of kb.chunks to the
+        -- kb.lexeme_stats view would be planned per block)
+        drop table if exists pg_temp.kbpg_idf;
+        create temporary table kbpg_idf on commit drop as
+            select s.lexeme,
+                   pg_catalog.ln(1 + (n_chunks - pg_catalog.sum(s.doc_freq) + 0.5::float8)
+                                     / (pg_catalog.sum(s.doc_freq) + 0.5::float8)) as idf
+              from kb.bm25_shard_stats s
+             where s.lexeme <> ''
+             group by s.lexeme
+            having pg_catalog.sum(s.doc_freq) > 0;
+        create unique index on pg_temp.kbpg_idf (lexeme);
+        analyze pg_temp.kbpg_idf;
+    end if;
     foreach b in array rebuild loop
         delete from kb.lexical_blocks lb where lb.block_no = b;
+        if distributed then
+            -- the block's (chunk, lexeme, tf) rows from the workers, then the same sums as below
+            drop table if exists pg_temp.kbpg_block_terms;
+            create temporary table kbpg_block_terms on commit drop as
+                select c.id, c.token_count, case when split then c.groups else '{}'::text[] end as groups,
+                       x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
+                  from kb.chunks c
+                 cross join lateral pg_catalog.unnest(c.tsv) as x
+                 where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size;
+            insert into kb.lexical_blocks (lexeme, block_no, groups, impacts, idf)
+            select u.lexeme, b, u.groups,
+                   ('{' || string_agg((u.id - b::bigint * state.block_size + 1)::text || ':'
+                                      || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * u.token_count / use_avgdl)))::real::text,
+                                      ',' order by u.id)
+                    || '}/' || state.block_size)::@extschema:vector@.sparsevec,
+                   l.idf
+              from pg_temp.kbpg_block_terms u
+              join pg_temp.kbpg_idf l on l.lexeme = u.lexeme
+             group by u.lexeme, l.idf, u.groups;
+            continue;
+        end if;
         insert into kb.lexical_blocks (lexeme, block_no, groups, impacts, idf)
         select u.lexeme, b, case when split then c.groups else '{}'::text[] end,
                ('{' || string_agg((c.id - b::bigint * state.block_size + 1)::text || ':'
@@ -94,6 +154,15 @@ begin
     -- writers wait, so the counts and the rebuilt cache describe one state of kb.chunks
     lock table kb.chunks in share mode;
     select count(*), coalesce(sum(c.token_count), 0) into chunks_now, tokens_now from kb.chunks c;
+    if kb._distributed() then
+        perform pg_catalog.set_config('plan_cache_mode', 'force_custom_plan', true);
+        corrected := kb._recount_bm25_distributed(chunks_now, tokens_now);
+        return query
+        select chunks_now, tokens_now, (select count(*) from kb.lexeme_stats), corrected,
+               r.blocks_rebuilt
+          from kb.refresh_lexical_index(full_rebuild => true) r;
+        return;
+    end if;
     update kb.corpus_stats s set chunk_count = chunks_now, total_tokens = tokens_now;
     -- every lexeme's count set right: wrong, missing and left-behind ones (the count of them)
     with counted as (

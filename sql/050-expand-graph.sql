@@ -45,6 +45,14 @@ declare
     frontier_ids bigint[];
     frontier_scores double precision[];
     frontier_via bigint[];
+    -- the distributed layout (Citus): a hop's edges read in one statement, then picked here
+    distributed constant boolean := kb._distributed();
+    edge_src bigint[];
+    edge_dst bigint[];
+    edge_weight double precision[];
+    found_ids bigint[];
+    found_docs bigint[];
+    visible_ids bigint[];
     restricted constant boolean := _expand_graph.visible_groups is not null;
     -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
     -- on a graph of 64 edges a chunk, 1,000 seeds read 64,000 edges a level, 10-17 s, before
@@ -78,15 +86,25 @@ begin
     -- its best score improved, so each level reads at most 64 edges per chunk reached; the
     -- recursive CTE of 0.1.0 followed every path (a 70-chunk clique at depth 4: 10 s)
     -- seeds the caller may not read start nothing
+    if distributed and restricted then
+        -- the seeds the caller may read, in one statement (Citus plans no correlated subquery
+        -- over the function's arrays)
+        visible_ids := array(select c.id from kb.chunks c
+                              where c.id = any (_expand_graph.seed_chunk_ids)
+                                and (c.groups = '{}'
+                                     or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups));
+    end if;
     select array_agg(s.id), array_agg(1.0::float8), array_agg(0), array_agg(null::bigint)
       into best_ids, best_scores, best_hops, best_via
       from (select distinct x.id from pg_catalog.unnest(_expand_graph.seed_chunk_ids) as x(id)
              where x.id is not null
                and (not restricted
-                    or exists (select 1 from kb.chunks c
-                                where c.id = x.id
-                                  and (c.groups = '{}'
-                                       or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))) s;
+                    or (distributed and x.id = any (visible_ids))
+                    or (not distributed
+                        and exists (select 1 from kb.chunks c
+                                     where c.id = x.id
+                                       and (c.groups = '{}'
+                                            or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups))))) s;
     frontier_ids := best_ids;
     frontier_scores := best_scores;
     for hop in 1.._expand_graph.max_depth loop
@@ -99,6 +117,54 @@ begin
                      order by u.score desc, u.id limit budget - expanded) f;
         end if;
         expanded := expanded + cardinality(frontier_ids);
+        if distributed then
+            -- Citus pushes no LATERAL ... LIMIT down: every edge touching the frontier comes
+            -- in one statement (a task per shard), and each chunk's 32 heaviest per direction
+            -- are picked here, as the single-server statement below picks them
+            select pg_catalog.array_agg(e.src_chunk_id), pg_catalog.array_agg(e.dst_chunk_id),
+                   pg_catalog.array_agg(e.weight::float8)
+              into edge_src, edge_dst, edge_weight
+              from kb.edges e
+             where e.src_chunk_id = any (frontier_ids) or e.dst_chunk_id = any (frontier_ids);
+            if restricted then
+                -- an edge is visible when both its chunks are: the far ends the caller may
+                -- read, in one more statement (the frontier's chunks are readable already)
+                visible_ids := array(select c.id from kb.chunks c
+                                      where c.id = any (edge_src || edge_dst)
+                                        and (c.groups = '{}'
+                                             or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups));
+                select pg_catalog.array_agg(x.src), pg_catalog.array_agg(x.dst),
+                       pg_catalog.array_agg(x.weight)
+                  into edge_src, edge_dst, edge_weight
+                  from unnest(edge_src, edge_dst, edge_weight) as x(src, dst, weight)
+                 where x.src = any (visible_ids) and x.dst = any (visible_ids);
+            end if;
+            select coalesce(array_agg(c.next_id), '{}'), coalesce(array_agg(c.score), '{}'),
+                   coalesce(array_agg(c.via), '{}')
+              into frontier_ids, frontier_scores, frontier_via
+              from (select c.next_id, c.score, c.via
+                      from (select distinct on (n.next_id) n.next_id, n.score * n.weight as score,
+                                   n.id as via
+                              from (select f.id, f.score, x.dst as next_id, x.weight,
+                                           pg_catalog.row_number() over (
+                                               partition by f.id order by x.weight desc, x.dst) as nth
+                                      from unnest(frontier_ids, frontier_scores) as f(id, score)
+                                      join unnest(edge_src, edge_dst, edge_weight) as x(src, dst, weight)
+                                        on x.src = f.id
+                                    union all
+                                    select f.id, f.score, x.src, x.weight,
+                                           pg_catalog.row_number() over (
+                                               partition by f.id order by x.weight desc, x.src)
+                                      from unnest(frontier_ids, frontier_scores) as f(id, score)
+                                      join unnest(edge_src, edge_dst, edge_weight) as x(src, dst, weight)
+                                        on x.dst = f.id) n
+                             where n.nth <= 32 and n.score * n.weight >= _expand_graph.min_score
+                             order by n.next_id, n.score * n.weight desc, n.id) c
+                      left join unnest(best_ids, best_scores) as b(id, score) on b.id = c.next_id
+                     where b.id is null or c.score > b.score
+                     order by c.score desc, c.next_id
+                     limit 10000) c;
+        else
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
         -- best-scoring chunks when a level would reach more
@@ -115,14 +181,14 @@ begin
                                   and (not restricted or exists (
                                           select 1 from kb.chunks c where c.id = e.dst_chunk_id
                                              and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
-                                order by e.weight desc limit 32)
+                                order by e.weight desc, e.dst_chunk_id limit 32)
                               union all
                               (select e.src_chunk_id, e.weight::float8
                                  from kb.edges e where e.dst_chunk_id = f.id
                                   and (not restricted or exists (
                                           select 1 from kb.chunks c where c.id = e.src_chunk_id
                                              and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
-                                order by e.weight desc limit 32)
+                                order by e.weight desc, e.src_chunk_id limit 32)
                           ) n
                          where f.score * n.weight >= _expand_graph.min_score
                          order by n.next_id, f.score * n.weight desc, f.id) c
@@ -130,6 +196,7 @@ begin
                  where b.id is null or c.score > b.score
                  order by c.score desc, c.next_id
                  limit 10000) c;
+        end if;
         -- merge the improvements into the best paths (one hash join, not a scan per chunk)
         select array_agg(coalesce(n.id, b.id)), array_agg(coalesce(n.score, b.score)),
                array_agg(case when n.id is null then b.hops else hop end),
@@ -140,6 +207,26 @@ begin
             on n.id = b.id;
     end loop;
 
+    if distributed then
+        -- the reached chunks' documents and filters, read in one statement (a join to the
+        -- arrays' rows would be shipped to every worker first)
+        found_ids := array(select b.id from unnest(best_ids, best_hops) as b(id, hops)
+                            where b.hops > 0 and b.id <> all (_expand_graph.seed_chunk_ids));
+        select pg_catalog.array_agg(c.id), pg_catalog.array_agg(c.document_id)
+          into found_ids, found_docs
+          from kb.chunks c
+         where c.id = any (found_ids)
+           and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
+                                         _expand_graph.category, _expand_graph.labels);
+        return query
+        select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
+               b.id, f.document_id, b.score, b.hops, b.via
+          from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
+          join unnest(found_ids, found_docs) as f(id, document_id) on f.id = b.id
+         order by b.score desc, b.hops, b.id
+         limit _expand_graph.max_returned;
+        return;
+    end if;
     return query
     select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
            b.id, c.document_id, b.score, b.hops, b.via

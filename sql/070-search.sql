@@ -71,6 +71,11 @@ declare
     vector_ids bigint[] := '{}';
     lexical_ids bigint[] := '{}';
     graph_ids bigint[] := '{}';
+    vector_docs bigint[] := '{}';
+    lexical_docs bigint[] := '{}';
+    graph_docs bigint[] := '{}';
+    -- the distributed layout (Citus): the result rows read in one statement (sql/015)
+    distributed constant boolean := kb._distributed();
     fused_ids bigint[];
     fused_docs bigint[];
     fused_scores double precision[];
@@ -107,7 +112,8 @@ begin
     if search.query_embedding is not null or search.extra_embeddings is not null then
         -- a filter selective enough for the vector arm's exact path: the ids of the chunks it
         -- keeps come back with the vector hits, and the lexical arm takes them from there
-        select coalesce(v.chunk_ids, '{}'), v.filtered_ids into vector_ids, filtered_ids
+        select coalesce(v.chunk_ids, '{}'), coalesce(v.document_ids, '{}'), v.filtered_ids
+          into vector_ids, vector_docs, filtered_ids
           from kb._search_vector(search.query_embedding, pool, search.groups, search.category,
                                  search.labels, search.min_similarity, search.extra_embeddings,
                                  keep_filtered => search.use_lexical and has_text,
@@ -116,7 +122,9 @@ begin
 
     if search.use_lexical and has_text then
         begin
-            select coalesce(array_agg(l.chunk_id order by l.rank), '{}') into lexical_ids
+            select coalesce(array_agg(l.chunk_id order by l.rank), '{}'),
+                   coalesce(array_agg(l.document_id order by l.rank), '{}')
+              into lexical_ids, lexical_docs
               from kb._search_lexical(search.query_text, pool, search.groups, search.category,
                                       search.labels, filtered_ids, visible) l;
         exception when others then
@@ -127,11 +135,14 @@ begin
             -- fail-soft: a broken lexical arm must not take the vector arm down with it
             raise notice 'kbpg: lexical arm failed (SQLSTATE %: %); ranking without it', sqlstate, sqlerrm;
             lexical_ids := '{}';
+            lexical_docs := '{}';
         end;
     end if;
 
     if search.use_graph then
-        select coalesce(array_agg(g.chunk_id order by g.rank), '{}') into graph_ids
+        select coalesce(array_agg(g.chunk_id order by g.rank), '{}'),
+               coalesce(array_agg(g.document_id order by g.rank), '{}')
+          into graph_ids, graph_docs
           from kb._expand_graph(case when cardinality(vector_ids) > 0 then vector_ids else lexical_ids end,
                                 search.graph_max_depth, search.graph_max_returned,
                                 search.graph_min_score, search.groups, search.category,
@@ -139,6 +150,15 @@ begin
     end if;
 
     vector_only := cardinality(lexical_ids) = 0 and cardinality(graph_ids) = 0;
+    if distributed then
+        return query select * from kb._search_results_distributed(
+            search.rrf_k, search.vector_weight, search.lexical_weight, search.graph_weight,
+            case when search.rerank_pool is null then search.max_per_doc end,
+            case when search.rerank_pool is null then search.match_count end,
+            vector_only, embeddings, vector_ids || lexical_ids || graph_ids,
+            vector_docs || lexical_docs || graph_docs, vector_ids, lexical_ids, graph_ids);
+        return;
+    end if;
     select array_agg(f.chunk_id order by f.rank), array_agg(c.document_id order by f.rank),
            array_agg(f.score order by f.rank), array_agg(f.vector_rank order by f.rank),
            array_agg(f.lexical_rank order by f.rank), array_agg(f.graph_rank order by f.rank)

@@ -138,11 +138,13 @@ stable
 security definer
 set search_path = pg_catalog, pg_temp
 set client_min_messages = notice
-begin atomic
+-- a string body: Citus runs a statement on its tables from the statement's text, which a
+-- SQL-standard body does not have ("syntax error at or near RETURN"; docs/scaling.md section 5)
+as $$
     select e.model, e.dimension, e.layout,
            pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null
-      from kb.embedding_space e;
-end;
+      from kb.embedding_space e
+$$;
 comment on function kb.get_embedding_space() is
     'The model and dimension of the knowledge base''s vectors, the vector index''s layout and '
     'whether it exists; no row before the first vector is stored.';

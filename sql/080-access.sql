@@ -26,8 +26,12 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
-             'kb.lexical_blocks'::regclass];
+-- a string body, here and below: a SQL-standard one would make the function depend on the
+-- tables it names, which Citus cannot distribute then (migration 0015)
+as $$
+select array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
+             'kb.lexical_blocks'::regclass]
+$$;
 comment on function kb._access_tables() is
     'The tables a reader can reach that hold per-chunk data: row-level security goes on and off '
     'on all of them together.';
@@ -38,7 +42,7 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return (select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass);
+as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass $$;
 comment on function kb._access_enforced() is
     'True while row-level security is on for kb.chunks (kb.access_enable()).';
 
@@ -97,6 +101,19 @@ begin
         execute format('revoke execute on all functions in schema kb from %I', s.reader_role);
         foreach f in array kb._access_reader_api() loop
             execute format('grant execute on function %s to %I', f, s.reader_role);
+        end loop;
+    end if;
+    if kb._distributed() then
+        -- Citus refuses policies with subqueries on distributed tables (0005's read the grants
+        -- tables): there the writer role (and every role that may use it) gets a policy of its
+        -- own with no subquery, and no other role reads a row while access control is
+        -- enforced; readers read through the reader API, which applies their grants itself
+        foreach t in array kb._access_tables()::text[] loop
+            execute format('drop policy if exists access_writer on %s', t);
+            if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
+                execute format('create policy access_writer on %s for all to %I using (true) with check (true)',
+                               t, s.writer_role);
+            end if;
         end loop;
     end if;
     if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
@@ -214,12 +231,12 @@ language sql
 volatile
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
+as $$
     delete from kb.access_grants a
      where a.role = revoke_groups.role_name
        and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
-    returning a.role, a.group_name;
-end;
+    returning a.role, a.group_name
+$$;
 comment on function kb.revoke_groups(text, text[]) is
     'Take groups (all of them when groups is NULL) away from a role; returns what was revoked. '
     'Takes effect on the next query.';
@@ -272,7 +289,7 @@ stable
 security definer
 set search_path = pg_catalog, pg_temp
 set client_min_messages = notice
-begin atomic
+as $$
     select kb._access_enforced(),
            (select pg_catalog.count(*) filter (where c.relrowsecurity)::integer
               from pg_catalog.pg_class c where c.oid = any (kb._access_tables())),
@@ -281,8 +298,8 @@ begin atomic
            (select l.split_by_groups from kb.lexical_state l),
            kb._access_groups_of(kb._access_caller()),
            kb._access_reads_all_as(kb._access_caller())
-      from kb.access_settings s;
-end;
+      from kb.access_settings s
+$$;
 comment on function kb.access_status() is
     'Whether access control is enforced (and on how many of its tables), the reader and writer '
     'roles, whether the lexical cache is split by groups, and what the calling role may read '

@@ -316,3 +316,35 @@ def db_check(app: AppContext) -> None:
     with kdb.connect(app.url) as conn:
         status = kdb.require_schema(conn)
     click.echo(f"schema at head ({status.head})")
+
+
+@db.command("distribute")
+@click.option(
+    "--shards",
+    type=click.IntRange(1, 64000),
+    metavar="N",
+    help="Shards per distributed table.  [default: the coordinator's citus.shard_count]",
+)
+@click.option(
+    "--sql",
+    "as_sql",
+    is_flag=True,
+    help="Print the SQL it runs as a psql script instead of running it (reads no database).",
+)
+@pass_app
+@handle_errors
+def db_distribute(app: AppContext, shards: int | None, as_sql: bool) -> None:
+    """Distribute the knowledge base over a Citus cluster (run on the coordinator, at head).
+
+    Documents, chunks and their graph rows are spread by document id and co-located; the small
+    global tables become reference tables; chunk ids stay global. Refused on a server without
+    Citus; a knowledge base distributed already is left as it is.
+    """
+    from kbpg.store import distribute
+
+    if as_sql:
+        click.echo(distribute.full_script(shards), nl=False)
+        return
+    done = distribute.distribute(app.url, shards)
+    state = "distributed already" if done.already else "distributed"
+    click.echo(f"{state}: {done.shards} shards on {done.nodes} nodes")

@@ -114,8 +114,11 @@ def refresh_edges(conn: psycopg.Connection[Any]) -> tuple[int, int]:
 
     Runs in the caller's transaction.
     """
+    distributed = conn.execute(queries.DISTRIBUTED).fetchone()
+    statement = queries.REFRESH_EDGES_DISTRIBUTED if distributed and distributed[0] else None
     row = conn.execute(
-        queries.REFRESH_EDGES, {"link_weight": WEIGHT_LINK, "max_docs": MAX_ENTITY_DOCUMENTS}
+        statement or queries.REFRESH_EDGES,
+        {"link_weight": WEIGHT_LINK, "max_docs": MAX_ENTITY_DOCUMENTS},
     ).fetchone()
     assert row is not None
     return int(row[0]), int(row[1])

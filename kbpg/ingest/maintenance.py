@@ -173,7 +173,7 @@ def recontextualize(
                 cur.executemany(
                     queries.CONTEXT_WRITE,
                     [
-                        (context, key, vector, row[2])
+                        (context, key, vector, row[2], row[0])
                         for row, context, key, vector in zip(
                             chunks, contexts, keys, vectors, strict=True
                         )

@@ -127,18 +127,18 @@ def write_relations(
     """The `next` edges of chunks `start:stop` of each part (from the chunk before `start` too),
     and their links and entities; returns the number of edges. A COPY with no rows is skipped."""
     edges = [
-        (src, dst, "next", WEIGHT_NEXT)
+        (src, dst, "next", WEIGHT_NEXT, p.document_id)
         for p, start, stop in parts
         for src, dst in itertools.pairwise(p.chunk_ids[max(start - 1, 0) : stop])
     ]
     links = [
-        (p.chunk_ids[ordinal], target, fragment)
+        (p.chunk_ids[ordinal], target, fragment, p.document_id)
         for p, start, stop in parts
         for ordinal, target, fragment in p.links
         if start <= ordinal < stop
     ]
     entities = [
-        (entity, p.chunk_ids[ordinal])
+        (entity, p.chunk_ids[ordinal], p.document_id)
         for p, start, stop in parts
         for ordinal, entity in entities_of(p, start, stop)
     ]

@@ -114,7 +114,12 @@ def stats(db: Database, *, principal: Principal | None = None) -> dict[str, Any]
         kdb.require_schema(conn)
         row = conn.execute(queries.STATS).fetchone()
         assert row is not None
-        sizes = conn.execute(queries.RELATION_SIZES).fetchall()
+        distributed = conn.execute(queries.DISTRIBUTED).fetchone()
+        sizes = conn.execute(
+            queries.RELATION_SIZES_DISTRIBUTED
+            if distributed and distributed[0]
+            else queries.RELATION_SIZES
+        ).fetchall()
     docs, chunks, unembedded, edges, model, dim, layout, indexed, chunk_count, tokens, lexemes = (
         row[:11]
     )

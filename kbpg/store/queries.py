@@ -134,9 +134,13 @@ COPY_CHUNKS: Final = (
 CHUNK_TYPES: Final = [
     "int8", "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
 ]  # fmt: skip
-COPY_EDGES: Final = "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
-COPY_LINKS: Final = "copy kb.chunk_links (chunk_id, target_source, fragment) from stdin"
-COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id) from stdin"
+COPY_EDGES: Final = (
+    "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id) from stdin"
+)
+COPY_LINKS: Final = (
+    "copy kb.chunk_links (chunk_id, target_source, fragment, document_id) from stdin"
+)
+COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id, document_id) from stdin"
 REFRESH_LEXICAL_INDEX: Final = "select * from kb.refresh_lexical_index()"
 # COPY FROM is refused on a table whose row-level security applies to the role (kbpg access
 # enable; a writer role is subject to it, its policy admits every row): copy into a temporary
@@ -177,7 +181,8 @@ with link_edges as (
                (select c.id from kb.chunks c where c.document_id = d.id
                  order by c.ordinal limit 1)) as dst,
            'link'::text as relation,
-           %(link_weight)s::real as weight
+           %(link_weight)s::real as weight,
+           l.document_id
       from kb.chunk_links l
       join kb.documents d on d.source = l.target_source
 ), first_mention as (
@@ -189,12 +194,13 @@ with link_edges as (
       from first_mention
 ), entity_edges as (
     select least(a.id, b.id) as src, greatest(a.id, b.id) as dst, 'entity'::text as relation,
-           max(2.0 / a.df)::real as weight
+           max(2.0 / a.df)::real as weight,
+           min(case when a.id < b.id then a.document_id else b.document_id end) as document_id
       from rare a join rare b on a.entity = b.entity and a.document_id < b.document_id
      where a.df between 2 and %(max_docs)s
      group by 1, 2
 ), desired as (
-    select src, dst, relation, max(weight) as weight
+    select src, dst, relation, max(weight) as weight, min(document_id) as document_id
       from (select * from link_edges union all select * from entity_edges) x
      where dst is not null and src <> dst
      group by src, dst, relation
@@ -211,8 +217,8 @@ with link_edges as (
        and e.weight <> d.weight
     returning 1
 ), added as (
-    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)
-    select d.src, d.dst, d.relation, d.weight from desired d
+    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
+    select d.src, d.dst, d.relation, d.weight, d.document_id from desired d
      where not exists (select 1 from kb.edges e where e.src_chunk_id = d.src
                           and e.dst_chunk_id = d.dst and e.relation = d.relation)
     returning 1
@@ -220,6 +226,14 @@ with link_edges as (
 select (select count(*) from added), (select count(*) from removed),
        (select count(*) from reweighted)
 """
+
+# On a distributed knowledge base (kbpg db distribute) the same edges, worked out shard by shard.
+REFRESH_EDGES_DISTRIBUTED: Final = (
+    "select added, removed from kb._refresh_derived_edges("
+    "link_weight => %(link_weight)s::real, max_docs => %(max_docs)s::integer)"
+)
+# what kb._distributed() asks, without calling it: a reader may execute only the reader API
+DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb.bm25_shard_stats') is not null"
 
 # -- maintenance ------------------------------------------------------------------------------
 
@@ -255,6 +269,34 @@ select c.relname, case c.relkind when 'p' then 'r' when 'I' then 'i' else c.relk
  where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i', 'p', 'I')
    and not c.relispartition
  group by c.relname, c.relkind
+ order by 2 desc, 1
+"""
+# The same on a distributed knowledge base (kbpg db distribute): the shell tables on the
+# coordinator are empty, so distributed and reference tables count their shards (every
+# placement: a reference table once per node) and their indexes the shards' indexes.
+RELATION_SIZES_DISTRIBUTED: Final = r"""
+select c.relname, c.relkind::text, s.size, s.total
+  from pg_catalog.pg_class c
+  left join pg_catalog.pg_dist_partition p on p.logicalrelid = c.oid
+ cross join lateral (
+     select case when p.logicalrelid is null then pg_catalog.pg_relation_size(c.oid)
+                 else pg_catalog.citus_relation_size(c.oid) end as size,
+            case when p.logicalrelid is null then pg_catalog.pg_total_relation_size(c.oid)
+                 else pg_catalog.citus_total_relation_size(c.oid) end as total) s
+ where c.relnamespace = 'kb'::regnamespace and c.relkind = 'r'
+union all
+select i.relname, 'i', s.size, s.size
+  from pg_catalog.pg_index x
+  join pg_catalog.pg_class i on i.oid = x.indexrelid
+  left join pg_catalog.pg_dist_partition p on p.logicalrelid = x.indrelid
+ cross join lateral (
+     select case when p.logicalrelid is null then pg_catalog.pg_relation_size(i.oid)
+                 else (select coalesce(pg_catalog.sum(r.result::bigint), 0)
+                         from pg_catalog.run_command_on_shards(p.logicalrelid, pg_catalog.format(
+                              'select pg_catalog.pg_relation_size(''kb.%s_'' || '
+                              'pg_catalog.substring(''%%s'', ''_(\d+)$''))', i.relname)) r
+                        where r.success) end as size) s
+ where i.relnamespace = 'kb'::regnamespace
  order by 2 desc, 1
 """
 RESET_EMBEDDING_SPACE: Final = (
@@ -321,8 +363,10 @@ CONTEXT_READ: Final = (
     " c.context, c.context_key from kb.chunks c join kb.documents d on d.id = c.document_id"
     " order by c.document_id, c.ordinal"
 )
+# the document id too: on a distributed knowledge base it names the one shard to update
 CONTEXT_WRITE: Final = (
-    "update kb.chunks set context = %s, context_key = %s, embedding = %s where id = %s"
+    "update kb.chunks set context = %s, context_key = %s, embedding = %s"
+    " where id = %s and document_id = %s"
 )
 
 

@@ -33,6 +33,7 @@ INLINED = [
     "kb._chunk_filter_sql",
     "kb._chunk_matches_filters",
     "kb._bm25_score",
+    "kb._distributed",
     "kb._visible_to",
 ]
 
