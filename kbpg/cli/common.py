@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sys
+import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,6 +21,38 @@ if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+
+class StatusLine:
+    """Progress on stderr: one rewritten line on a terminal, a line every few seconds otherwise;
+    notes (a skipped file, a parked row) on lines of their own."""
+
+    def __init__(self) -> None:
+        self.tty = sys.stderr.isatty()
+        self.last = 0.0
+        self.written = False
+
+    def note(self, message: str) -> None:
+        self.clear()
+        click.echo(message, err=True)
+
+    def show(self, line: str) -> None:
+        """Show `line` unless the last one was shown moments ago (0.2 s on a terminal, 5 s
+        otherwise)."""
+        now = time.monotonic()
+        if now - self.last < (0.2 if self.tty else 5.0):
+            return
+        self.last = now
+        if self.tty:
+            click.echo("\r" + line + "\x1b[K", nl=False, err=True)
+            self.written = True
+        else:
+            click.echo(line, err=True)
+
+    def clear(self) -> None:
+        if self.tty and self.written:
+            click.echo("\r\x1b[K", nl=False, err=True)
+            self.written = False
 
 
 class AppContext:

@@ -10,6 +10,7 @@ import click
 
 from kbpg.cli.common import (
     AppContext,
+    StatusLine,
     embedder_option,
     handle_errors,
     json_option,
@@ -21,39 +22,20 @@ from kbpg.errors import KbpgError
 from kbpg.ingest.sources import printable
 
 
-class _ProgressLine:
-    """Progress on stderr: one rewritten line on a terminal, a line every few seconds otherwise."""
+class _ProgressLine(StatusLine):
+    """An ingest's or a re-embedding's progress: documents, chunks, chunks/s; skipped files."""
 
     def __init__(self, label: str) -> None:
+        super().__init__()
         self.label = label
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.written = False
 
     def __call__(self, event: Any) -> None:
-        import time
-
         for failure in event.failures:
-            self._clear()
-            click.echo(f"skipped {printable(failure.where)}: {printable(failure.reason)}", err=True)
-        now = time.monotonic()
-        if now - self.last < (0.2 if self.tty else 5.0):
-            return
-        self.last = now
-        line = (
+            self.note(f"skipped {printable(failure.where)}: {printable(failure.reason)}")
+        self.show(
             f"{self.label}: {event.documents} documents, {event.chunks} chunks, "
             f"{event.chunks_per_s:.0f} chunks/s"
         )
-        if self.tty:
-            click.echo("\r" + line + "\x1b[K", nl=False, err=True)
-            self.written = True
-        else:
-            click.echo(line, err=True)
-
-    def _clear(self) -> None:
-        if self.tty and self.written:
-            click.echo("\r\x1b[K", nl=False, err=True)
-            self.written = False
 
 
 def _size_option(ctx: click.Context, param: click.Parameter, value: str) -> int:

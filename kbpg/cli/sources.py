@@ -4,9 +4,7 @@ from __future__ import annotations
 
 import json
 import signal
-import sys
 import threading
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -15,6 +13,7 @@ import click
 
 from kbpg.cli.common import (
     AppContext,
+    StatusLine,
     embedder_option,
     handle_errors,
     json_option,
@@ -352,22 +351,12 @@ def _eta(seconds: float | None) -> str:
     return f"ETA {hours} h {minutes:02d} min" if hours else f"ETA {minutes} min {secs:02d} s"
 
 
-class _SyncLine:
-    """Progress on stderr: a rewritten line on a terminal, a line every few seconds otherwise."""
-
-    def __init__(self) -> None:
-        self.tty = sys.stderr.isatty()
-        self.last = 0.0
-        self.written = False
+class _SyncLine(StatusLine):
+    """A sync's progress: rows, rows/s, each backfill's share and ETA; parked rows."""
 
     def __call__(self, event: Any) -> None:
         for failure in event.failures:
-            self.clear()
-            click.echo(f"parked {printable(failure.where)}: {printable(failure.reason)}", err=True)
-        now = time.monotonic()
-        if now - self.last < (0.2 if self.tty else 5.0):
-            return
-        self.last = now
+            self.note(f"parked {printable(failure.where)}: {printable(failure.reason)}")
         line = f"sync: {event.rows} rows, {event.rows_per_s:.1f} rows/s"
         for backfill in event.backfills:
             if backfill.done:
@@ -377,16 +366,7 @@ class _SyncLine:
                 f"; backfill {backfill.source} {backfill.queued}/{backfill.total} queued "
                 f"({share:.0f}%), {_eta(event.eta_s(backfill))}"
             )
-        if self.tty:
-            click.echo("\r" + line + "\x1b[K", nl=False, err=True)
-            self.written = True
-        else:
-            click.echo(line, err=True)
-
-    def clear(self) -> None:
-        if self.tty and self.written:
-            click.echo("\r\x1b[K", nl=False, err=True)
-            self.written = False
+        self.show(line)
 
 
 @contextmanager
