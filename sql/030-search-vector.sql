@@ -188,33 +188,47 @@ begin
     end if;
     if distributed then
         -- Citus cannot push a LATERAL ... LIMIT per embedding down to the shards: one
-        -- statement per embedding (each shard returns its best), merged here as below
-        for i in 1..cardinality(embeddings) loop
-            execute pg_catalog.format(
-                'select pg_catalog.array_agg(x.id), pg_catalog.array_agg(x.document_id), '
-                '       pg_catalog.array_agg(x.distance) '
-                '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
-                '         where %3$s and c.embedding is not null order by %2$s limit $7) x',
-                pg_catalog.replace(exact_sql, '{q}', '$8'), pg_catalog.replace(order_sql, '{q}', '$8'),
-                filter_sql)
-               into scan_ids, scan_docs, scan_distances
-              using _search_vector.groups, _search_vector.category, _search_vector.labels,
-                    embeddings, _search_vector.match_count, _search_vector.min_similarity,
-                    candidates, embeddings[i], _search_vector.visible_groups;
-            select pg_catalog.array_agg(h.id order by h.distance, h.id),
-                   pg_catalog.array_agg(h.document_id order by h.distance, h.id),
-                   pg_catalog.array_agg(h.distance order by h.distance, h.id)
-              into chunk_ids, document_ids, distances
-              from (select u.id, u.document_id, pg_catalog.min(u.distance) as distance
-                      from (select * from unnest(chunk_ids, document_ids, distances)
-                            union all
-                            select * from (select * from unnest(scan_ids, scan_docs, scan_distances)
-                                                  as s(id, document_id, distance)
-                                            order by 3, 1 limit _search_vector.match_count) s
-                           ) u(id, document_id, distance)
-                     group by u.id, u.document_id
-                     order by distance, u.id limit _search_vector.match_count) h
-             where 1 - h.distance >= _search_vector.min_similarity or i < cardinality(embeddings);
+        -- statement per embedding (each shard returns its best), merged here as below; a
+        -- result short of the floor scans once more at ef_search 1000, as below
+        for attempt in 1..2 loop
+            chunk_ids := null;
+            document_ids := null;
+            distances := null;
+            for i in 1..cardinality(embeddings) loop
+                execute pg_catalog.format(
+                    'select pg_catalog.array_agg(x.id), pg_catalog.array_agg(x.document_id), '
+                    '       pg_catalog.array_agg(x.distance) '
+                    '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+                    '         where %3$s and c.embedding is not null order by %2$s limit $7) x',
+                    pg_catalog.replace(exact_sql, '{q}', '$8'), pg_catalog.replace(order_sql, '{q}', '$8'),
+                    filter_sql)
+                   into scan_ids, scan_docs, scan_distances
+                  using _search_vector.groups, _search_vector.category, _search_vector.labels,
+                        embeddings, _search_vector.match_count, _search_vector.min_similarity,
+                        candidates, embeddings[i], _search_vector.visible_groups;
+                select pg_catalog.array_agg(h.id order by h.distance, h.id),
+                       pg_catalog.array_agg(h.document_id order by h.distance, h.id),
+                       pg_catalog.array_agg(h.distance order by h.distance, h.id)
+                  into chunk_ids, document_ids, distances
+                  from (select u.id, u.document_id, pg_catalog.min(u.distance) as distance
+                          from (select * from unnest(chunk_ids, document_ids, distances)
+                                union all
+                                select * from (select * from unnest(scan_ids, scan_docs, scan_distances)
+                                                      as s(id, document_id, distance)
+                                                order by 3, 1 limit _search_vector.match_count) s
+                               ) u(id, document_id, distance)
+                         group by u.id, u.document_id
+                         order by distance, u.id limit _search_vector.match_count) h
+                 where 1 - h.distance >= _search_vector.min_similarity or i < cardinality(embeddings);
+            end loop;
+            exit when attempt = 2
+                   or coalesce(pg_catalog.cardinality(_search_vector.groups), 0) > 0
+                   or _search_vector.category is not null
+                   or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0
+                   or coalesce(pg_catalog.cardinality(chunk_ids), 0) >= _search_vector.match_count
+                   or ef_search >= 1000;
+            -- the workers' ef_search too (set_config would widen the coordinator's alone)
+            perform kb._set_local_on_workers(array['hnsw.ef_search'], array['1000']);
         end loop;
         return;
     end if;
