@@ -49,6 +49,7 @@ declare
     -- {q} stands for a query embedding: $8 (the only one), e.q (one index scan each) or $4[i]
     exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
     order_sql text;
+    cut_sql text;
     candidates integer := _search_vector.match_count;
     space_layout text;
     space_dimension integer;
@@ -117,6 +118,12 @@ begin
             '(@extschema:vector@.binary_quantize(c.embedding)::bit(%1$s)) operator(@extschema:vector@.<~>) '
             '(@extschema:vector@.binary_quantize({q})::bit(%1$s))', space_dimension)
         else exact_sql end;
+    -- the index's candidates: with the chunks tied at the cut (a duplicated text's vectors),
+    -- so that the ranking below picks among them by id, as every other cut does (LIMIT keeps
+    -- whichever of them a plan meets first: one server and a cluster, or two plans, picked
+    -- different ones); Hamming distances tie by the hundred, so the binary layout cuts at the
+    -- count (it over-fetches 16x)
+    cut_sql := case when space_layout = 'binary' then 'limit $7' else 'fetch first $7 rows with ties' end;
     if space_layout = 'binary' then
         candidates := _search_vector.match_count * coalesce(
             kb._tuning('kb.vector_rerank_factor', 1, 32)::integer, 16);
@@ -199,9 +206,9 @@ begin
                     'select pg_catalog.array_agg(x.id), pg_catalog.array_agg(x.document_id), '
                     '       pg_catalog.array_agg(x.distance) '
                     '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
-                    '         where %3$s and c.embedding is not null order by %2$s limit $7) x',
+                    '         where %3$s and c.embedding is not null order by %2$s %4$s) x',
                     pg_catalog.replace(exact_sql, '{q}', '$8'), pg_catalog.replace(order_sql, '{q}', '$8'),
-                    filter_sql)
+                    filter_sql, cut_sql)
                    into scan_ids, scan_docs, scan_distances
                   using _search_vector.groups, _search_vector.category, _search_vector.labels,
                         embeddings, _search_vector.match_count, _search_vector.min_similarity,
@@ -246,13 +253,13 @@ begin
         '          from %4$s '
         '               lateral (select x.id, x.document_id, x.distance '
         '                  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
-        '                         where %3$s and c.embedding is not null order by %2$s limit $7) x '
+        '                         where %3$s and c.embedding is not null order by %2$s %5$s) x '
         '                 order by x.distance, x.id limit $5) h '
         '         group by h.id, h.document_id '
         '         order by distance, h.id limit $5) b '
         ' where 1 operator(pg_catalog.-) b.distance >= $6',
         pg_catalog.replace(exact_sql, '{q}', q), pg_catalog.replace(order_sql, '{q}', q),
-        filter_sql, case when q = 'e.q' then 'pg_catalog.unnest($4) e(q),' else '' end);
+        filter_sql, case when q = 'e.q' then 'pg_catalog.unnest($4) e(q),' else '' end, cut_sql);
     for attempt in 1..2 loop
         execute scan_sql
            into chunk_ids, document_ids, distances

@@ -50,6 +50,20 @@ def test_null_embedding_returns_nothing(conn, space3):
     assert vector_search(conn, None) == []
 
 
+def test_a_tie_at_the_cut_goes_to_the_lower_id(conn, space3):
+    # a duplicated text's vectors tie at the cut of a top 2: the lower id is kept, whichever of
+    # the two the scan meets first (LIMIT kept the first met; one server and a cluster differed)
+    doc = add_doc(conn, "v")
+    a = add_chunk(conn, doc, "a", [1, 0, 0])
+    low = add_chunk(conn, doc, "b", [1, 1, 0])
+    high = add_chunk(conn, doc, "c", [1, 1, 0])
+    # the lower id's row rewritten: a sequential scan now meets the higher id first
+    conn.execute("update kb.chunks set section = 'moved' where id = %s", (low,))
+    conn.execute("select set_config('enable_indexscan', 'off', true)")
+    assert ids(vector_search(conn, [1, 0, 0], k=2)) == [a, low]
+    assert ids(vector_search(conn, [1, 0, 0], k=3)) == [a, low, high]
+
+
 def test_errors(conn, space3):
     with raises_sqlstate(conn, "KB001") as wrong_dim:
         vector_search(conn, [1, 0])
