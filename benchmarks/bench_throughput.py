@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import random
@@ -317,7 +318,42 @@ def server_stages(port: int | None) -> dict[str, float]:
         r'kbpg_search_stage_duration_seconds_count\{stage="(\w+)"\} (\S+)', text
     ):
         out[f"{stage}_count"] = float(value)
+    for part, value in re.findall(r"kbpg_query_embedding_batch_size_(sum|count) (\S+)", text):
+        out[f"batch_{part}"] = float(value)
     return out
+
+
+def embed_cpu(items: list[Any], sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, float]:
+    """CPU ms per query of MiniLM as the server runs it (same threads), by queries per call:
+    measured here, between the runs, to split the server's CPU into the model and the rest."""
+    from kbpg.models.embedders import MiniLMEmbedder
+
+    embedder = MiniLMEmbedder()
+    texts = [text for text, _ in items]
+    embedder.embed_queries(texts[:8])
+    out: dict[int, float] = {}
+    for size in sizes:
+        started = os.times()
+        done = 0
+        for _ in range(3):
+            for at in range(0, len(texts) - size + 1, size):
+                embedder.embed_queries(texts[at : at + size])
+                done += size
+        ended = os.times()
+        cpu = ended.user + ended.system - started.user - started.system
+        out[size] = cpu * 1000 / max(done, 1)
+    return out
+
+
+def at_batch(costs: dict[int, float], batch: float) -> float:
+    """costs (by batch size) interpolated at a mean batch size."""
+    sizes = sorted(costs)
+    if batch <= sizes[0]:
+        return costs[sizes[0]]
+    for low, high in itertools.pairwise(sizes):
+        if batch <= high:
+            return costs[low] + (costs[high] - costs[low]) * (batch - low) / (high - low)
+    return costs[sizes[-1]]
 
 
 # -- servers --------------------------------------------------------------------------------
@@ -560,7 +596,13 @@ def run(
                     )
                     results.append(result)
                     log(line(result, args.before))
-    report(results, args.before)
+    costs = embed_cpu(items) if any(r.stages.get("batch_count") for r in results) else {}
+    if costs:
+        log(
+            "MiniLM query embedding, CPU ms/query by queries per call (this process, after the"
+            " runs): " + ", ".join(f"{size}: {ms:.2f}" for size, ms in costs.items())
+        )
+    report(results, args.before, costs)
     if source is not None:
         shutil.rmtree(source, ignore_errors=True)
 
@@ -606,7 +648,24 @@ def line(r: Result, before: str | None) -> str:
     )
 
 
-def report(results: list[Result], before: str | None) -> None:
+def split(r: Result, costs: dict[int, float]) -> str:
+    """The server's CPU per search: the query embedding (at the run's mean batch) and the rest."""
+    calls = r.stages.get("batch_count", 0.0)
+    if not costs or not calls or not r.searches:
+        return ""
+    batch = r.stages["batch_sum"] / calls
+    model = at_batch(costs, batch)
+    server = r.cpu["server"] * 1000 / r.searches
+    return (
+        f"  {label(r.path, None)} x{r.clients}: server CPU {server:.1f} ms/search = MiniLM"
+        f" ~{model:.1f} (mean {batch:.1f} queries per call) + the rest ~{server - model:.1f}"
+        f" (HTTP, validation, psycopg, JSON); PostgreSQL {r.cpu['pg'] * 1000 / r.searches:.1f}"
+    )
+
+
+def report(
+    results: list[Result], before: str | None, costs: dict[int, float] | None = None
+) -> None:
     log(
         f"\n{'':46} {'cli':>3} {'search/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  {'n':>5} err"
     )
@@ -618,12 +677,23 @@ def report(results: list[Result], before: str | None) -> None:
         best[key] = sorted(runs, key=lambda r: r.rate)[len(runs) // 2]
     for _, r in sorted(best.items(), key=lambda kv: (order_of(kv[0][0]), kv[0][1])):
         log(line(r, before))
+    for _, r in sorted(best.items(), key=lambda kv: (order_of(kv[0][0]), kv[0][1])):
+        if text := split(r, costs or {}):
+            log(text)
     sql8, http8 = best.get(("sql", 8)), best.get(("http", 8))
     http1 = best.get(("http", 1))
     if sql8 and http8:
         log(
             f"HTTP throughput at 8 clients / kb.search over the socket at 8: {http8.rate / sql8.rate:.2f}"
             " (target >= 0.80)"
+        )
+    if sql8 and http8 and sql8.searches and http8.searches:
+        alone = sql8.cpu["pg"] / sql8.searches
+        served = (http8.cpu["pg"] + http8.cpu["server"]) / http8.searches
+        log(
+            f"CPU ceiling at 8 clients: PostgreSQL alone {alone * 1000:.1f} ms/search, HTTP"
+            f" (server + PostgreSQL) {served * 1000:.1f}: ratio {alone / served:.2f}"
+            " (the throughput ratio on cores given to these processes alone)"
         )
     if http1 and http8:
         log(
