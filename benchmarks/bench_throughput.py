@@ -720,6 +720,14 @@ def report(
             f" (server + PostgreSQL) {served * 1000:.1f}: ratio {alone / served:.2f}"
             " (the throughput ratio on cores given to these processes alone)"
         )
+        calls = http8.stages.get("batch_count", 0.0)
+        if costs and calls:
+            model = at_batch(costs, http8.stages["batch_sum"] / calls) / 1000
+            log(
+                f"  without the query embedding on these cores (an embedding server elsewhere):"
+                f" {alone * 1000:.1f} / {(served - model) * 1000:.1f} ms: ratio"
+                f" {alone / (served - model):.2f}"
+            )
     if http1 and http8:
         log(
             f"HTTP p95 at 8 clients / at 1 client: {http8.p(0.95) / http1.p(0.95):.1f} (target <= 8)"
