@@ -117,7 +117,7 @@ def test_rows_become_documents_and_follow_every_change(kb: KnowledgeBase, app_db
 
 def test_the_backfill_reports_progress_and_resumes(embedder: MiniLMEmbedder, db_url: str) -> None:
     rows = [
-        (i, f"Article {i}", f"Article number {i} explains topic {i % 7}.") for i in range(1, 301)
+        (i, f"Article {i}", f"Article number {i} explains topic {i % 7}.") for i in range(1, 121)
     ]
     with kdb.connect(db_url, autocommit=True) as conn:
         add_articles(conn, rows)
@@ -135,18 +135,18 @@ def test_the_backfill_reports_progress_and_resumes(embedder: MiniLMEmbedder, db_
         partial = sync(kb.db, kb.models, batch_rows=10, progress=progress, stop=stop)
         assert partial.rows == 80 and partial.released == 0
         backfill = events[-1].backfills[0]
-        assert (backfill.source, backfill.total, backfill.done) == ("articles", 300, False)
+        assert (backfill.source, backfill.total, backfill.done) == ("articles", 120, False)
         assert events[-1].rows_per_s > 0 and events[-1].eta_s(backfill) is not None
         state = table_sources.show(kb.db, "articles")
         assert (state.backfill_state, state.documents, state.claimed) == ("running", 80, 0)
         assert state.backfill_enqueued == 80
         rest = sync(kb.db, kb.models, batch_rows=10)
-    assert rest.rows == 220 and rest.added == 220
-    assert len(docs(db_url)) == 300
+    assert rest.rows == 40 and rest.added == 40
+    assert len(docs(db_url)) == 120
     with kdb.connect(db_url) as conn:
         assert conn.execute(
             "select backfill_state, backfill_enqueued, backfill_total from kb.table_sources"
-        ).fetchone() == ("done", 300, 300)
+        ).fetchone() == ("done", 120, 120)
 
 
 def test_rows_that_cannot_be_ingested_are_parked_and_retried_with_backoff(
