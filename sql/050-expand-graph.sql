@@ -6,7 +6,7 @@
 -- is expanded again only when its best score improved (at most max_depth times), bounded in
 -- depth, in fan-out (the 32 heaviest edges per chunk and direction), per level (the 10,000
 -- best-scoring chunks a level improves) and in all (at most 1,000 seeds, else SQLSTATE KB003,
--- and 2,000 chunks expanded over the walk, the best-scoring first).
+-- and 1,000 chunks expanded over the walk, the best-scoring first).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
 -- Access control is different: an edge is visible only when both its chunks are (the
@@ -53,11 +53,16 @@ declare
     found_ids bigint[];
     found_docs bigint[];
     visible_ids bigint[];
+    -- far ends of the hop's edges the caller may not read (a reader's walk)
+    hidden_ids bigint[] := '{}';
     restricted constant boolean := _expand_graph.visible_groups is not null;
     -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
     -- on a graph of 64 edges a chunk, 1,000 seeds read 64,000 edges a level, 10-17 s, before
-    -- this bound); kb.graph_walk_budget lowers it (tests), and only the owner may raise it
-    budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 2000), 2000);
+    -- this bound; 2,000 chunks took a reader ~1 s at 50k chunks, 1,000 about half); each
+    -- expanded chunk reads at most 64 edges plus, for a reader, the visibility of their far
+    -- ends, so the walk's work is bounded whatever the corpus size; kb.graph_walk_budget lowers
+    -- it (tests), and only the owner may raise it
+    budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 1000), 1000);
     expanded integer := 0;
 begin
     if _expand_graph.max_depth is null or _expand_graph.max_depth not between 1 and 5 then
@@ -165,6 +170,26 @@ begin
                      order by c.score desc, c.next_id
                      limit 10000) c;
         else
+        if restricted then
+            -- a reader: an edge counts only when the caller may read its far end (a hidden one
+            -- takes no place in the fan-out). Which far ends it may not read is found once per
+            -- hop, one index scan over the distinct far ends the walk has not reached before
+            -- (every chunk in best_ids is readable), instead of an EXISTS per edge (~2.3x the
+            -- owner's walk); the hop below then skips them by a hash lookup
+            hidden_ids := array(
+                select c.id from kb.chunks c
+                 where c.id = any (array(
+                           select distinct x.next_id
+                             from unnest(frontier_ids) as f(id)
+                            cross join lateral (
+                                select e.dst_chunk_id as next_id from kb.edges e
+                                 where e.src_chunk_id = f.id
+                                union all
+                                select e.src_chunk_id from kb.edges e
+                                 where e.dst_chunk_id = f.id) x
+                            where x.next_id not in (select b.id from unnest(best_ids) as b(id))))
+                   and not (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups));
+        end if;
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
         -- best-scoring chunks when a level would reach more
@@ -178,16 +203,14 @@ begin
                           cross join lateral (
                               (select e.dst_chunk_id as next_id, e.weight::float8 as weight
                                  from kb.edges e where e.src_chunk_id = f.id
-                                  and (not restricted or exists (
-                                          select 1 from kb.chunks c where c.id = e.dst_chunk_id
-                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
+                                  and (cardinality(hidden_ids) = 0
+                                       or e.dst_chunk_id not in (select h.id from unnest(hidden_ids) as h(id)))
                                 order by e.weight desc, e.dst_chunk_id limit 32)
                               union all
                               (select e.src_chunk_id, e.weight::float8
                                  from kb.edges e where e.dst_chunk_id = f.id
-                                  and (not restricted or exists (
-                                          select 1 from kb.chunks c where c.id = e.src_chunk_id
-                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
+                                  and (cardinality(hidden_ids) = 0
+                                       or e.src_chunk_id not in (select h.id from unnest(hidden_ids) as h(id)))
                                 order by e.weight desc, e.src_chunk_id limit 32)
                           ) n
                          where f.score * n.weight >= _expand_graph.min_score
@@ -227,14 +250,22 @@ begin
          limit _expand_graph.max_returned;
         return;
     end if;
+    -- the reached chunks best first, each looked up (document, filters) only until
+    -- max_returned pass: a nested loop in that order under the limit (a join of every reached
+    -- chunk, ~20,000 at the bounds, read them all)
     return query
     select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
            b.id, c.document_id, b.score, b.hops, b.via
-      from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
-      join kb.chunks c on c.id = b.id
-     where b.hops > 0 and b.id <> all (_expand_graph.seed_chunk_ids)
-       and kb._chunk_matches_filters(c.groups, c.category, c.labels,
-                                     _expand_graph.groups, _expand_graph.category, _expand_graph.labels)
+      from (select u.id, u.score, u.hops, u.via
+              from unnest(best_ids, best_scores, best_hops, best_via) as u(id, score, hops, via)
+             where u.hops > 0 and u.id <> all (_expand_graph.seed_chunk_ids)
+             order by u.score desc, u.hops, u.id) b
+     cross join lateral (
+         select c.document_id from kb.chunks c
+          where c.id = b.id
+            and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
+                                          _expand_graph.category, _expand_graph.labels)
+         offset 0) c
      order by b.score desc, b.hops, b.id
      limit _expand_graph.max_returned;
 end
