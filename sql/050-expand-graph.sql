@@ -1,7 +1,8 @@
 -- kbpg: the graph arm — chunks reached from seed chunks over kb.edges.
 -- A path's score is the product of its edge weights (weights are in [0, 1], so deeper is
 -- never better); a chunk keeps its best path. Each step reads the two indexed directions
--- separately (src via the primary key, dst via edges_dst): one recursive CTE that OR-ed both
+-- separately, heaviest first (edges_src_weight, edges_dst_weight: revision 0016, so a chunk
+-- with many edges costs its 32 heaviest, not all of them): one recursive CTE that OR-ed both
 -- ends in its join was measured ~400x slower. Cycle-safe and linear in what it reads: a chunk
 -- is expanded again only when its best score improved (at most max_depth times), bounded in
 -- depth, in fan-out (the 32 heaviest edges per chunk and direction), per level (the 10,000
@@ -53,7 +54,9 @@ declare
     found_ids bigint[];
     found_docs bigint[];
     visible_ids bigint[];
-    -- far ends of the hop's edges the caller may not read (a reader's walk)
+    -- a reader's walk: far ends of the hop's heaviest edges checked (and the chunks reached
+    -- before), and those of them the caller may not read
+    checked_ids bigint[] := '{}';
     hidden_ids bigint[] := '{}';
     restricted constant boolean := _expand_graph.visible_groups is not null;
     -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
@@ -172,23 +175,29 @@ begin
         else
         if restricted then
             -- a reader: an edge counts only when the caller may read its far end (a hidden one
-            -- takes no place in the fan-out). Which far ends it may not read is found once per
-            -- hop, one index scan over the distinct far ends the walk has not reached before
-            -- (every chunk in best_ids is readable), instead of an EXISTS per edge (~2.3x the
-            -- owner's walk); the hop below then skips them by a hash lookup
+            -- takes no place in the fan-out). The far ends of each chunk's 32 heaviest edges a
+            -- direction that the walk has not reached before (every chunk in best_ids is
+            -- readable) are checked once per hop, in one index scan over the distinct ones,
+            -- instead of an EXISTS per edge (~2.3x the owner's walk). The hop below skips the
+            -- hidden ones by a hash lookup; only an edge past a chunk's first 32, read because
+            -- some of those were hidden, is checked on its own
+            checked_ids := array(
+                select distinct x.next_id
+                  from unnest(frontier_ids) as f(id)
+                 cross join lateral (
+                     (select e.dst_chunk_id as next_id from kb.edges e
+                       where e.src_chunk_id = f.id
+                       order by e.weight desc, e.dst_chunk_id limit 32)
+                     union all
+                     (select e.src_chunk_id from kb.edges e
+                       where e.dst_chunk_id = f.id
+                       order by e.weight desc, e.src_chunk_id limit 32)) x
+                 where x.next_id not in (select b.id from unnest(best_ids) as b(id)));
             hidden_ids := array(
                 select c.id from kb.chunks c
-                 where c.id = any (array(
-                           select distinct x.next_id
-                             from unnest(frontier_ids) as f(id)
-                            cross join lateral (
-                                select e.dst_chunk_id as next_id from kb.edges e
-                                 where e.src_chunk_id = f.id
-                                union all
-                                select e.src_chunk_id from kb.edges e
-                                 where e.dst_chunk_id = f.id) x
-                            where x.next_id not in (select b.id from unnest(best_ids) as b(id))))
+                 where c.id = any (checked_ids)
                    and not (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups));
+            checked_ids := checked_ids || best_ids;
         end if;
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
@@ -203,14 +212,20 @@ begin
                           cross join lateral (
                               (select e.dst_chunk_id as next_id, e.weight::float8 as weight
                                  from kb.edges e where e.src_chunk_id = f.id
-                                  and (cardinality(hidden_ids) = 0
-                                       or e.dst_chunk_id not in (select h.id from unnest(hidden_ids) as h(id)))
+                                  and (not restricted
+                                       or (e.dst_chunk_id not in (select h.id from unnest(hidden_ids) as h(id))
+                                           and (e.dst_chunk_id in (select k.id from unnest(checked_ids) as k(id))
+                                                or exists (select 1 from kb.chunks c where c.id = e.dst_chunk_id
+                                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))))
                                 order by e.weight desc, e.dst_chunk_id limit 32)
                               union all
                               (select e.src_chunk_id, e.weight::float8
                                  from kb.edges e where e.dst_chunk_id = f.id
-                                  and (cardinality(hidden_ids) = 0
-                                       or e.src_chunk_id not in (select h.id from unnest(hidden_ids) as h(id)))
+                                  and (not restricted
+                                       or (e.src_chunk_id not in (select h.id from unnest(hidden_ids) as h(id))
+                                           and (e.src_chunk_id in (select k.id from unnest(checked_ids) as k(id))
+                                                or exists (select 1 from kb.chunks c where c.id = e.src_chunk_id
+                                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))))
                                 order by e.weight desc, e.src_chunk_id limit 32)
                           ) n
                          where f.score * n.weight >= _expand_graph.min_score
