@@ -61,10 +61,11 @@ declare
     restricted constant boolean := _expand_graph.visible_groups is not null;
     -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
     -- on a graph of 64 edges a chunk, 1,000 seeds read 64,000 edges a level, 10-17 s, before
-    -- this bound; 2,000 chunks took a reader ~1 s at 50k chunks, 1,000 about half); each
-    -- expanded chunk reads at most 64 edges plus, for a reader, the visibility of their far
-    -- ends, so the walk's work is bounded whatever the corpus size; kb.graph_walk_budget lowers
-    -- it (tests), and only the owner may raise it
+    -- this bound; at 1,000 chunks 0.25 s for the owner and 0.5-0.7 s for a reader, at 50k and
+    -- at 200k chunks alike, on 2 loaded cores); each expanded chunk reads at most 64 edges
+    -- (the weight-ordered indexes) and, for a reader, the visibility of their far ends, so the
+    -- walk's work does not grow with the corpus; kb.graph_walk_budget lowers it (tests), and
+    -- only the owner may raise it
     budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 1000), 1000);
     expanded integer := 0;
 begin
