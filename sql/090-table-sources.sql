@@ -1068,7 +1068,7 @@ begin
        and pg_catalog.cardinality(x.key) = pg_catalog.cardinality(s.key_columns);
     return query
     select kb._source_document(s.name, m.key) from kb._source_missing(source_id, keys) m;
-    -- a name the row no longer has (a key over 2,600 bytes named in full before revision 0016)
+    -- a name the row no longer has (a key over 2,600 bytes named in full before revision 0017)
     return query
     select d.source
       from kb.documents d

@@ -1,7 +1,7 @@
 """Table sources' queue, claims and parked rows keyed by the hash of a row's key.
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 Create Date: 2026-12-01
 
 0014 keyed kb.source_queue, kb.source_claims and kb.source_errors by (source_id, key), key the
@@ -25,8 +25,8 @@ from __future__ import annotations
 
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
