@@ -33,7 +33,7 @@ browser: ## Debian's chromium + chromedriver for the search page's browser test 
 	fi
 
 test: $(STAMP) browser ## run the whole test suite against a real PostgreSQL (what CI runs)
-	$(BIN)/pytest -q --durations=15
+	$(BIN)/pytest -q --durations=30
 
 test-fast: $(STAMP) ## the suite without the NPL quality gate
 	$(BIN)/pytest -q -m "not slow"

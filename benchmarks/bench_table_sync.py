@@ -25,6 +25,7 @@ baseline in the same run:
     python benchmarks/bench_table_sync.py                       # all three, ~10 min on 2 cores
     python benchmarks/bench_table_sync.py --only trigger --statements 2000
     python benchmarks/bench_table_sync.py --only freshness --rate 50 --seconds 120
+    python benchmarks/bench_table_sync.py --only freshness --embedder stub --before ../main
 """
 
 from __future__ import annotations
@@ -82,12 +83,18 @@ def server(durable: bool) -> Iterator[str]:
         shutil.rmtree(home, ignore_errors=True)
 
 
-def new_database(admin: str, name: str) -> str:
+def new_database(admin: str, name: str, kbpg: str = KBPG) -> str:
+    """A database migrated by `kbpg` (this checkout's in-process; another's by its command)."""
     with psycopg.connect(admin, autocommit=True) as conn:
         conn.execute(f"drop database if exists {name}")
         conn.execute(f"create database {name}")
     url = admin.rsplit("/", 1)[0] + f"/{name}?" + admin.split("?", 1)[1]
-    kdb.upgrade(url)
+    if kbpg == KBPG:
+        kdb.upgrade(url)
+    else:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("KBPG_")}
+        subprocess.run([kbpg, "db", "upgrade"], env={**env, "KBPG_DATABASE_URL": url},
+                       check=True, capture_output=True)  # fmt: skip
     return url
 
 
@@ -313,103 +320,140 @@ def bench_freshness(args: argparse.Namespace) -> None:
         f"\n== freshness: {args.rate} writes/s for {args.seconds} s (load average {load_average()})"
     )
     records = npl_records(args.rows)
+    # with --before: that checkout's kbpg (its own migrations, functions and worker) and this
+    # one's, alternated on the same server, each on a database of its own
+    sides = [("this", KBPG)]
+    if args.before:
+        before = str(Path(args.before).resolve() / ".venv" / "bin" / "kbpg")
+        sides = [("before", before), ("this", KBPG)]
+    results: dict[str, list[list[float]]] = {label: [] for label, _ in sides}
     with server(durable=False) as admin:
-        url = new_database(admin, "bench_fresh")
-        with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("create table public.npl (id integer primary key, title text, body text)")
-            with conn.cursor().copy("copy public.npl from stdin") as copy:
-                for i, r in enumerate(records, start=1):
-                    copy.write_row((i, "rev 0", r["text"]))
+        for repeat in range(args.repeat if args.before else 1):
+            for label, kbpg in sides if repeat % 2 == 0 else sides[::-1]:
+                url = new_database(admin, f"bench_fresh_{label}_{repeat}", kbpg)
+                log(f"  [{label} run {repeat + 1}: {kbpg}; load average {load_average()}]")
+                results[label].append(freshness_run(url, kbpg, records, args))
+    if args.before:
+        for label, runs in results.items():
+            seen = [x for run in runs for x in run]
+            if seen:
+                log(f"{label:<6} all runs: p50 {percentile(seen, 0.5):.2f} s, p95"
+                    f" {percentile(seen, 0.95):.2f} s, max {max(seen):.2f} s ({len(seen)} writes)")  # fmt: skip
+    log(f"(load average after: {load_average()})")
+
+
+def freshness_run(
+    url: str, kbpg: str, records: list[dict[str, str]], args: argparse.Namespace
+) -> list[float]:
+    """One freshness run with the worker `kbpg` on the database `url`: commit -> searchable
+    seconds of every write seen."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create table public.npl (id integer primary key, title text, body text)")
+        with conn.cursor().copy("copy public.npl from stdin") as copy:
+            for i, r in enumerate(records, start=1):
+                copy.write_row((i, "rev 0", r["text"]))
+        conn.execute(
+            "select kb.add_table_source('npl', 'public.npl', text => 'body', title => 'title')"
+        )
+    env = {k: v for k, v in os.environ.items() if not k.startswith("KBPG_")}
+    env.update(KBPG_DATABASE_URL=url, ORT_DISABLE_TELEMETRY="1")
+    stub: ThreadingHTTPServer | None = None
+    if args.embedder == "stub":
+        # the database side alone: vectors from a local server that does no work
+        stub = ThreadingHTTPServer(("127.0.0.1", 0), StubEmbeddings)
+        threading.Thread(target=stub.serve_forever, daemon=True).start()
+        env.update(
+            KBPG_EMBEDDER="openai",
+            KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{stub.server_address[1]}/v1",
+            KBPG_OPENAI_MODEL="stub-384",
+        )
+    try:
+        return _freshness_load(url, kbpg, env, records, args)
+    finally:
+        if stub is not None:
+            stub.shutdown()
+
+
+def _freshness_load(
+    url: str, kbpg: str, env: dict[str, str], records: list[dict[str, str]],
+    args: argparse.Namespace,
+) -> list[float]:  # fmt: skip
+    log(f"  embedder {args.embedder}; backfilling {len(records)} rows first ...")
+    subprocess.run([kbpg, "sync", "--batch-size", str(args.batch_rows)], env=env, check=True,
+                   capture_output=True)  # fmt: skip
+    worker = subprocess.Popen(
+        [kbpg, "sync", "--watch", "--json", "--batch-size", str(args.batch_rows)],
+        env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # one write first, timed by nobody: the worker has started and loaded its model (the
+    # run measures the steady state, not the worker's start)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("update public.npl set title = 'warm-up' where id = 1")
+        warm_until = time.perf_counter() + 600
+        while (
             conn.execute(
-                "select kb.add_table_source('npl', 'public.npl', text => 'body', title => 'title')"
-            )
-        env = {k: v for k, v in os.environ.items() if not k.startswith("KBPG_")}
-        env.update(KBPG_DATABASE_URL=url, ORT_DISABLE_TELEMETRY="1")
-        if args.embedder == "stub":
-            # the database side alone: vectors from a local server that does no work
-            stub = ThreadingHTTPServer(("127.0.0.1", 0), StubEmbeddings)
-            threading.Thread(target=stub.serve_forever, daemon=True).start()
-            env.update(
-                KBPG_EMBEDDER="openai",
-                KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{stub.server_address[1]}/v1",
-                KBPG_OPENAI_MODEL="stub-384",
-            )
-        log(f"  embedder {args.embedder}; backfilling {len(records)} rows first ...")
-        subprocess.run([KBPG, "sync", "--batch-size", str(args.batch_rows)], env=env, check=True,
-                       capture_output=True)  # fmt: skip
-        worker = subprocess.Popen(
-            [KBPG, "sync", "--watch", "--json", "--batch-size", str(args.batch_rows)],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
-        # one write first, timed by nobody: the worker has started and loaded its model (the
-        # run measures the steady state, not the worker's start)
+                "select 1 from kb.documents where source = 'table:npl/1' and title = 'warm-up'"
+            ).fetchone()
+            is None
+        ):
+            if time.perf_counter() > warm_until:
+                raise SystemExit("the worker did not write the warm-up row within 600 s")
+            time.sleep(0.05)
+    committed: dict[str, tuple[str, float]] = {}  # source -> (title, commit time)
+    seen: list[float] = []
+    lock = threading.Lock()
+    stop = threading.Event()
+
+    def poll() -> None:
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute("update public.npl set title = 'warm-up' where id = 1")
-            warm_until = time.perf_counter() + 600
-            while (
-                conn.execute(
-                    "select 1 from kb.documents where source = 'table:npl/1' and title = 'warm-up'"
-                ).fetchone()
-                is None
-            ):
-                if time.perf_counter() > warm_until:
-                    raise SystemExit("the worker did not write the warm-up row within 600 s")
-                time.sleep(0.05)
-        committed: dict[str, tuple[str, float]] = {}  # source -> (title, commit time)
-        seen: list[float] = []
-        lock = threading.Lock()
-        stop = threading.Event()
-
-        def poll() -> None:
-            with psycopg.connect(url, autocommit=True) as conn:
-                while not stop.is_set() or committed:
-                    with lock:
-                        wanted = dict(committed)
-                    if wanted:
-                        rows = conn.execute(
-                            "select source, title from kb.documents where source = any(%s)",
-                            (list(wanted),),
-                        ).fetchall()
-                        now = time.perf_counter()
-                        with lock:
-                            for source, title in rows:
-                                if source in committed and committed[source][0] == title:
-                                    seen.append(now - committed.pop(source)[1])
-                    if stop.is_set() and time.perf_counter() > deadline + 60:
-                        break
-                    time.sleep(0.02)
-
-        deadline = time.perf_counter() + args.seconds
-        poller = threading.Thread(target=poll, daemon=True)
-        poller.start()
-        rng = random.Random(11)
-        writes = 0
-        next_id = len(records) + 1
-        with psycopg.connect(url, autocommit=True) as app:
-            start = time.perf_counter()
-            while time.perf_counter() < start + args.seconds:
-                writes += 1
-                title = f"rev {writes}"
-                if rng.random() < 0.3:
-                    key, next_id = next_id, next_id + 1
-                    text = rng.choice(records)["text"]
-                    app.execute("insert into public.npl values (%s, %s, %s)", (key, title, text))
-                else:
-                    key = rng.randint(1, len(records))
-                    app.execute(
-                        "update public.npl set title = %s, body = body || ' ' || %s where id = %s",
-                        (title, f"edit{writes}", key),
-                    )
+            while not stop.is_set() or committed:
                 with lock:
-                    committed[f"table:npl/{key}"] = (title, time.perf_counter())
-                pause = start + writes / args.rate - time.perf_counter()
-                if pause > 0:
-                    time.sleep(pause)
-        stop.set()
-        poller.join(120)
-        worker.send_signal(signal.SIGTERM)
-        out, _ = worker.communicate(timeout=120)
-        summary = json.loads(out) if out.strip() else {}
+                    wanted = dict(committed)
+                if wanted:
+                    rows = conn.execute(
+                        "select source, title from kb.documents where source = any(%s)",
+                        (list(wanted),),
+                    ).fetchall()
+                    now = time.perf_counter()
+                    with lock:
+                        for source, title in rows:
+                            if source in committed and committed[source][0] == title:
+                                seen.append(now - committed.pop(source)[1])
+                if stop.is_set() and time.perf_counter() > deadline + 60:
+                    break
+                time.sleep(0.02)
+
+    deadline = time.perf_counter() + args.seconds
+    poller = threading.Thread(target=poll, daemon=True)
+    poller.start()
+    rng = random.Random(11)
+    writes = 0
+    next_id = len(records) + 1
+    with psycopg.connect(url, autocommit=True) as app:
+        start = time.perf_counter()
+        while time.perf_counter() < start + args.seconds:
+            writes += 1
+            title = f"rev {writes}"
+            if rng.random() < 0.3:
+                key, next_id = next_id, next_id + 1
+                text = rng.choice(records)["text"]
+                app.execute("insert into public.npl values (%s, %s, %s)", (key, title, text))
+            else:
+                key = rng.randint(1, len(records))
+                app.execute(
+                    "update public.npl set title = %s, body = body || ' ' || %s where id = %s",
+                    (title, f"edit{writes}", key),
+                )
+            with lock:
+                committed[f"table:npl/{key}"] = (title, time.perf_counter())
+            pause = start + writes / args.rate - time.perf_counter()
+            if pause > 0:
+                time.sleep(pause)
+    stop.set()
+    poller.join(120)
+    worker.send_signal(signal.SIGTERM)
+    out, _ = worker.communicate(timeout=120)
+    summary = json.loads(out) if out.strip() else {}
     missing = len(committed)
     batches = max(summary.get("batches", 0), 1)
     embed_per_batch = summary.get("seconds", {}).get("embedding", 0.0) / batches
@@ -421,6 +465,7 @@ def bench_freshness(args: argparse.Namespace) -> None:
     log(f"  worker: {summary.get('rows', 0)} rows in {summary.get('batches', 0)} batches,"
         f" embedding {embed_per_batch:.2f} s a batch on average"
         f" (target p95 <= 2 s + that); load average after: {load_average()}")  # fmt: skip
+    return seen
 
 
 def main() -> None:
@@ -432,7 +477,11 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=8, help="trigger: interleaved rounds")
     parser.add_argument("--table-rows", type=int, default=100_000, help="trigger: table size")
     parser.add_argument("--rows", type=int, default=2000, help="backfill/freshness: NPL rows")
-    parser.add_argument("--repeat", type=int, default=2, help="backfill: runs of each, alternated")
+    parser.add_argument("--repeat", type=int, default=2,
+                        help="backfill (and freshness with --before): runs of each, alternated")  # fmt: skip
+    parser.add_argument("--before", default=None,
+                        help="freshness: also run the worker of this checkout (with its .venv),"
+                             " alternated with this one's, e.g. a worktree of main")  # fmt: skip
     parser.add_argument("--batch-rows", type=int, default=256, help="kbpg sync --batch-size")
     parser.add_argument("--rate", type=float, default=50.0, help="freshness: writes a second")
     parser.add_argument("--seconds", type=float, default=120.0, help="freshness: how long")

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import http.client
+import itertools
 import json
 import os
 import random
@@ -149,8 +150,11 @@ def sql_client(url: str, fused: bool) -> Callable[[int, list[Any]], Callable[[],
     return make
 
 
-def http_client(port: int) -> Callable[[int, list[Any]], Callable[[], None]]:
+def http_client(*ports: int) -> Callable[[int, list[Any]], Callable[[], None]]:
+    """Clients of a server (of several processes, in turn: as a shared socket spreads them)."""
+
     def make(client: int, items: list[Any]) -> Callable[[], None]:
+        port = ports[client % len(ports)]
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=600)
         turn = [client * 7]
 
@@ -191,16 +195,16 @@ class CpuMeter:
     """CPU seconds of the server process, of PostgreSQL's processes (the postmaster's
     children: backends, io workers, ...), of this process, and of the machine."""
 
-    def __init__(self, postmaster: int, server: int | None) -> None:
+    def __init__(self, postmaster: int, servers: list[int]) -> None:
         self.postmaster = psutil.Process(postmaster)
-        self.server = psutil.Process(server) if server else None
+        self.servers = [psutil.Process(pid) for pid in servers]
         self.me = psutil.Process()
 
     def sample(self) -> dict[str, float]:
         pg = {p.pid: process_cpu(p) for p in self.postmaster.children()}
         machine = psutil.cpu_times()
         return {
-            "server": process_cpu(self.server) if self.server else 0.0,
+            "server": sum(process_cpu(server) for server in self.servers),
             "pg": sum(pg.values()) + process_cpu(self.postmaster),
             "pg_pids": pg,  # type: ignore[dict-item]
             "client": process_cpu(self.me),
@@ -253,7 +257,7 @@ def measure(
     items: list[Any],
     seconds: float,
     meter: CpuMeter,
-    metrics_port: int | None = None,
+    metrics_ports: list[int] | None = None,
 ) -> Result:
     calls = [make(c, items) for c in range(clients)]
     tallies = [Tally() for _ in range(clients)]
@@ -279,7 +283,7 @@ def measure(
     ]
     for thread in threads:
         thread.start()
-    stages_before = server_stages(metrics_port)
+    stages_before = server_stages(metrics_ports or [])
     cpu_before = meter.sample()
     started = time.perf_counter()
     deadline[0] = started + seconds
@@ -288,7 +292,7 @@ def measure(
         thread.join()
     wall = time.perf_counter() - started
     cpu = CpuMeter.spent(cpu_before, meter.sample())
-    stages_after = server_stages(metrics_port)
+    stages_after = server_stages(metrics_ports or [])
     latencies = [ms for t in tallies for ms in t.latencies_ms]
     errors = sum(len(t.errors) for t in tallies)
     if errors:
@@ -300,10 +304,16 @@ def measure(
     return Result(path, clients, len(latencies), wall, latencies, errors, cpu, stages, load)
 
 
-def server_stages(port: int | None) -> dict[str, float]:
-    """Sums of the new server's stage histograms (seconds) and its search count."""
-    if port is None:
-        return {}
+def server_stages(ports: list[int]) -> dict[str, float]:
+    """Sums of the new servers' stage histograms (seconds), search and batch counts."""
+    out: dict[str, float] = {}
+    for port in ports:
+        for key, number in one_server_stages(port).items():
+            out[key] = out.get(key, 0.0) + number
+    return out
+
+
+def one_server_stages(port: int) -> dict[str, float]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     conn.request("GET", "/metrics")
     text = conn.getresponse().read().decode()
@@ -317,7 +327,42 @@ def server_stages(port: int | None) -> dict[str, float]:
         r'kbpg_search_stage_duration_seconds_count\{stage="(\w+)"\} (\S+)', text
     ):
         out[f"{stage}_count"] = float(value)
+    for part, value in re.findall(r"kbpg_query_embedding_batch_size_(sum|count) (\S+)", text):
+        out[f"batch_{part}"] = float(value)
     return out
+
+
+def embed_cpu(items: list[Any], sizes: tuple[int, ...] = (1, 2, 4, 8)) -> dict[int, float]:
+    """CPU ms per query of MiniLM as the server runs it (same threads), by queries per call:
+    measured here, between the runs, to split the server's CPU into the model and the rest."""
+    from kbpg.models.embedders import MiniLMEmbedder
+
+    embedder = MiniLMEmbedder()
+    texts = [text for text, _ in items]
+    embedder.embed_queries(texts[:8])
+    out: dict[int, float] = {}
+    for size in sizes:
+        started = os.times()
+        done = 0
+        for _ in range(3):
+            for at in range(0, len(texts) - size + 1, size):
+                embedder.embed_queries(texts[at : at + size])
+                done += size
+        ended = os.times()
+        cpu = ended.user + ended.system - started.user - started.system
+        out[size] = cpu * 1000 / max(done, 1)
+    return out
+
+
+def at_batch(costs: dict[int, float], batch: float) -> float:
+    """costs (by batch size) interpolated at a mean batch size."""
+    sizes = sorted(costs)
+    if batch <= sizes[0]:
+        return costs[sizes[0]]
+    for low, high in itertools.pairwise(sizes):
+        if batch <= high:
+            return costs[low] + (costs[high] - costs[low]) * (batch - low) / (high - low)
+    return costs[sizes[-1]]
 
 
 # -- servers --------------------------------------------------------------------------------
@@ -458,6 +503,13 @@ def main() -> None:
         default="",
         help="also run the http path on servers with these --pool-size values (e.g. 2,8)",
     )
+    parser.add_argument(
+        "--processes",
+        type=int,
+        default=0,
+        help="also run the http path on N kbpg serve processes, the clients spread over them"
+        " (what uvicorn workers would do: each its own model, pool and batches)",
+    )
     parser.add_argument("--fused-pool-size", type=int, default=8)
     parser.add_argument("--shared-buffers", metavar="SIZE")
     parser.add_argument("--serve-fused", type=int, metavar="PORT", help=argparse.SUPPRESS)
@@ -527,40 +579,53 @@ def run(
     source = checkout(args.before) if args.before else None
     results: list[Result] = []
     with contextmanager_stack() as stack:
-        servers: dict[str, tuple[int, int]] = {}
+        servers: dict[str, list[tuple[int, int]]] = {}
         if "http" in paths:
-            servers["http"] = stack(kbpg_server(url, None, args.pool_size, logs / "http.log"))
+            servers["http"] = [stack(kbpg_server(url, None, args.pool_size, logs / "http.log"))]
         if "http-before" in paths:
-            servers["http-before"] = stack(
-                kbpg_server(url, source, args.pool_size, logs / "http-before.log")
-            )
+            servers["http-before"] = [
+                stack(kbpg_server(url, source, args.pool_size, logs / "http-before.log"))
+            ]
         if "http-fused" in paths:
-            servers["http-fused"] = stack(fused_server(url, logs / "http-fused.log"))
+            servers["http-fused"] = [stack(fused_server(url, logs / "http-fused.log"))]
         for size in [int(n) for n in args.also_pool_sizes.split(",") if n.strip()]:
             name = f"http-pool{size}"
-            servers[name] = stack(kbpg_server(url, None, size, logs / f"{name}.log"))
+            servers[name] = [stack(kbpg_server(url, None, size, logs / f"{name}.log"))]
+            paths = [*paths, name]
+        if args.processes > 1:
+            name = f"http-procs{args.processes}"
+            servers[name] = [
+                stack(kbpg_server(url, None, args.pool_size, logs / f"{name}-{n}.log"))
+                for n in range(args.processes)
+            ]
             paths = [*paths, name]
         makers: dict[str, Callable[[int, list[Any]], Callable[[], None]]] = {
             "sql": sql_client(url, fused=False),
             "sql-fused": sql_client(url, fused=True),
         }
-        for name, (port, _) in servers.items():
-            makers[name] = http_client(port)
+        for name, started in servers.items():
+            makers[name] = http_client(*(port for port, _ in started))
         log(f"load average {Path('/proc/loadavg').read_text().strip()}")
         for round_no in range(args.rounds):
             for clients in levels:
                 order = paths if (round_no + levels.index(clients)) % 2 == 0 else paths[::-1]
                 for name in order:
-                    port_pid = servers.get(name)
-                    meter = CpuMeter(postmaster, port_pid[1] if port_pid else None)
-                    ours = name == "http" or name.startswith("http-pool")  # has /metrics
-                    metrics_port = port_pid[0] if ours and port_pid else None
+                    started = servers.get(name, [])
+                    meter = CpuMeter(postmaster, [pid for _, pid in started])
+                    ours = name == "http" or name.startswith(("http-pool", "http-procs"))
+                    metrics_ports = [port for port, _ in started] if ours else []
                     result = measure(
-                        name, makers[name], clients, items, args.seconds, meter, metrics_port
+                        name, makers[name], clients, items, args.seconds, meter, metrics_ports
                     )
                     results.append(result)
                     log(line(result, args.before))
-    report(results, args.before)
+    costs = embed_cpu(items) if any(r.stages.get("batch_count") for r in results) else {}
+    if costs:
+        log(
+            "MiniLM query embedding, CPU ms/query by queries per call (this process, after the"
+            " runs): " + ", ".join(f"{size}: {ms:.2f}" for size, ms in costs.items())
+        )
+    report(results, args.before, costs)
     if source is not None:
         shutil.rmtree(source, ignore_errors=True)
 
@@ -574,6 +639,8 @@ def contextmanager_stack() -> Iterator[Callable[[Any], Any]]:
 
 
 def label(path: str, before: str | None) -> str:
+    if path.startswith("http-procs"):
+        return f"kbpg serve x{path[len('http-procs') :]} processes (HTTP)"
     if path.startswith("http-pool"):
         return f"kbpg serve --pool-size {path[len('http-pool') :]} (HTTP)"
     return {
@@ -606,7 +673,24 @@ def line(r: Result, before: str | None) -> str:
     )
 
 
-def report(results: list[Result], before: str | None) -> None:
+def split(r: Result, costs: dict[int, float]) -> str:
+    """The server's CPU per search: the query embedding (at the run's mean batch) and the rest."""
+    calls = r.stages.get("batch_count", 0.0)
+    if not costs or not calls or not r.searches:
+        return ""
+    batch = r.stages["batch_sum"] / calls
+    model = at_batch(costs, batch)
+    server = r.cpu["server"] * 1000 / r.searches
+    return (
+        f"  {label(r.path, None)} x{r.clients}: server CPU {server:.1f} ms/search = MiniLM"
+        f" ~{model:.1f} (mean {batch:.1f} queries per call) + the rest ~{server - model:.1f}"
+        f" (HTTP, validation, psycopg, JSON); PostgreSQL {r.cpu['pg'] * 1000 / r.searches:.1f}"
+    )
+
+
+def report(
+    results: list[Result], before: str | None, costs: dict[int, float] | None = None
+) -> None:
     log(
         f"\n{'':46} {'cli':>3} {'search/s':>9} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8}  {'n':>5} err"
     )
@@ -618,6 +702,9 @@ def report(results: list[Result], before: str | None) -> None:
         best[key] = sorted(runs, key=lambda r: r.rate)[len(runs) // 2]
     for _, r in sorted(best.items(), key=lambda kv: (order_of(kv[0][0]), kv[0][1])):
         log(line(r, before))
+    for _, r in sorted(best.items(), key=lambda kv: (order_of(kv[0][0]), kv[0][1])):
+        if text := split(r, costs or {}):
+            log(text)
     sql8, http8 = best.get(("sql", 8)), best.get(("http", 8))
     http1 = best.get(("http", 1))
     if sql8 and http8:
@@ -625,6 +712,22 @@ def report(results: list[Result], before: str | None) -> None:
             f"HTTP throughput at 8 clients / kb.search over the socket at 8: {http8.rate / sql8.rate:.2f}"
             " (target >= 0.80)"
         )
+    if sql8 and http8 and sql8.searches and http8.searches:
+        alone = sql8.cpu["pg"] / sql8.searches
+        served = (http8.cpu["pg"] + http8.cpu["server"]) / http8.searches
+        log(
+            f"CPU ceiling at 8 clients: PostgreSQL alone {alone * 1000:.1f} ms/search, HTTP"
+            f" (server + PostgreSQL) {served * 1000:.1f}: ratio {alone / served:.2f}"
+            " (the throughput ratio on cores given to these processes alone)"
+        )
+        calls = http8.stages.get("batch_count", 0.0)
+        if costs and calls:
+            model = at_batch(costs, http8.stages["batch_sum"] / calls) / 1000
+            log(
+                f"  without the query embedding on these cores (an embedding server elsewhere):"
+                f" {alone * 1000:.1f} / {(served - model) * 1000:.1f} ms: ratio"
+                f" {alone / (served - model):.2f}"
+            )
     if http1 and http8:
         log(
             f"HTTP p95 at 8 clients / at 1 client: {http8.p(0.95) / http1.p(0.95):.1f} (target <= 8)"

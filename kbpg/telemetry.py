@@ -30,6 +30,10 @@ class Observer:
     def search_stage(self, stage: str, seconds: float) -> None:
         """One stage of a search took `seconds` (stage: one of STAGES)."""
 
+    def query_batch(self, size: int) -> None:
+        """One query-embedding model call embedded `size` concurrent searches' queries together
+        (kbpg.models.querybatch: 1 when a search found the model idle)."""
+
     def stage_outcome(self, stage: str, status: str) -> None:
         """An optional stage (rerank, expand) was applied, skipped, or failed (a fallback: the
         search went on with the plain result)."""

@@ -1,12 +1,13 @@
 -- kbpg: the graph arm — chunks reached from seed chunks over kb.edges.
 -- A path's score is the product of its edge weights (weights are in [0, 1], so deeper is
 -- never better); a chunk keeps its best path. Each step reads the two indexed directions
--- separately (src via the primary key, dst via edges_dst): one recursive CTE that OR-ed both
+-- separately, heaviest first (edges_src_weight, edges_dst_weight: revision 0016, so a chunk
+-- with many edges costs its 32 heaviest, not all of them): one recursive CTE that OR-ed both
 -- ends in its join was measured ~400x slower. Cycle-safe and linear in what it reads: a chunk
 -- is expanded again only when its best score improved (at most max_depth times), bounded in
 -- depth, in fan-out (the 32 heaviest edges per chunk and direction), per level (the 10,000
 -- best-scoring chunks a level improves) and in all (at most 1,000 seeds, else SQLSTATE KB003,
--- and 2,000 chunks expanded over the walk, the best-scoring first).
+-- and 1,000 chunks expanded over the walk, the best-scoring first).
 -- Seeds are never returned. Filters apply to the chunks returned; paths may pass through
 -- chunks the filters exclude (nothing of theirs is returned).
 -- Access control is different: an edge is visible only when both its chunks are (the
@@ -53,11 +54,19 @@ declare
     found_ids bigint[];
     found_docs bigint[];
     visible_ids bigint[];
+    -- a reader's walk: far ends of the hop's heaviest edges checked (and the chunks reached
+    -- before), and those of them the caller may not read
+    checked_ids bigint[] := '{}';
+    hidden_ids bigint[] := '{}';
     restricted constant boolean := _expand_graph.visible_groups is not null;
     -- chunks expanded over the whole walk, at most (benchmarks/bench_query_cost.py: at depth 5
     -- on a graph of 64 edges a chunk, 1,000 seeds read 64,000 edges a level, 10-17 s, before
-    -- this bound); kb.graph_walk_budget lowers it (tests), and only the owner may raise it
-    budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 2000), 2000);
+    -- this bound; at 1,000 chunks 0.25 s for the owner and 0.5-0.7 s for a reader, at 50k and
+    -- at 200k chunks alike, on 2 loaded cores); each expanded chunk reads at most 64 edges
+    -- (the weight-ordered indexes) and, for a reader, the visibility of their far ends, so the
+    -- walk's work does not grow with the corpus; kb.graph_walk_budget lowers it (tests), and
+    -- only the owner may raise it
+    budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 1000), 1000);
     expanded integer := 0;
 begin
     if _expand_graph.max_depth is null or _expand_graph.max_depth not between 1 and 5 then
@@ -165,6 +174,32 @@ begin
                      order by c.score desc, c.next_id
                      limit 10000) c;
         else
+        if restricted then
+            -- a reader: an edge counts only when the caller may read its far end (a hidden one
+            -- takes no place in the fan-out). The far ends of each chunk's 32 heaviest edges a
+            -- direction that the walk has not reached before (every chunk in best_ids is
+            -- readable) are checked once per hop, in one index scan over the distinct ones,
+            -- instead of an EXISTS per edge (~2.3x the owner's walk). The hop below skips the
+            -- hidden ones by a hash lookup; only an edge past a chunk's first 32, read because
+            -- some of those were hidden, is checked on its own
+            checked_ids := array(
+                select distinct x.next_id
+                  from unnest(frontier_ids) as f(id)
+                 cross join lateral (
+                     (select e.dst_chunk_id as next_id from kb.edges e
+                       where e.src_chunk_id = f.id
+                       order by e.weight desc, e.dst_chunk_id limit 32)
+                     union all
+                     (select e.src_chunk_id from kb.edges e
+                       where e.dst_chunk_id = f.id
+                       order by e.weight desc, e.src_chunk_id limit 32)) x
+                 where x.next_id not in (select b.id from unnest(best_ids) as b(id)));
+            hidden_ids := array(
+                select c.id from kb.chunks c
+                 where c.id = any (checked_ids)
+                   and not (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups));
+            checked_ids := checked_ids || best_ids;
+        end if;
         -- the best path into each chunk this level (ties: the smaller via), where it beats the
         -- chunk's best so far (an equal score keeps the shorter path); the budget keeps the
         -- best-scoring chunks when a level would reach more
@@ -178,16 +213,20 @@ begin
                           cross join lateral (
                               (select e.dst_chunk_id as next_id, e.weight::float8 as weight
                                  from kb.edges e where e.src_chunk_id = f.id
-                                  and (not restricted or exists (
-                                          select 1 from kb.chunks c where c.id = e.dst_chunk_id
-                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
+                                  and (not restricted
+                                       or (e.dst_chunk_id not in (select h.id from unnest(hidden_ids) as h(id))
+                                           and (e.dst_chunk_id in (select k.id from unnest(checked_ids) as k(id))
+                                                or exists (select 1 from kb.chunks c where c.id = e.dst_chunk_id
+                                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))))
                                 order by e.weight desc, e.dst_chunk_id limit 32)
                               union all
                               (select e.src_chunk_id, e.weight::float8
                                  from kb.edges e where e.dst_chunk_id = f.id
-                                  and (not restricted or exists (
-                                          select 1 from kb.chunks c where c.id = e.src_chunk_id
-                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))
+                                  and (not restricted
+                                       or (e.src_chunk_id not in (select h.id from unnest(hidden_ids) as h(id))
+                                           and (e.src_chunk_id in (select k.id from unnest(checked_ids) as k(id))
+                                                or exists (select 1 from kb.chunks c where c.id = e.src_chunk_id
+                                                             and (c.groups = '{}' or c.groups operator(pg_catalog.&&) _expand_graph.visible_groups)))))
                                 order by e.weight desc, e.src_chunk_id limit 32)
                           ) n
                          where f.score * n.weight >= _expand_graph.min_score
@@ -227,14 +266,22 @@ begin
          limit _expand_graph.max_returned;
         return;
     end if;
+    -- the reached chunks best first, each looked up (document, filters) only until
+    -- max_returned pass: a nested loop in that order under the limit (a join of every reached
+    -- chunk, ~20,000 at the bounds, read them all)
     return query
     select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
            b.id, c.document_id, b.score, b.hops, b.via
-      from unnest(best_ids, best_scores, best_hops, best_via) as b(id, score, hops, via)
-      join kb.chunks c on c.id = b.id
-     where b.hops > 0 and b.id <> all (_expand_graph.seed_chunk_ids)
-       and kb._chunk_matches_filters(c.groups, c.category, c.labels,
-                                     _expand_graph.groups, _expand_graph.category, _expand_graph.labels)
+      from (select u.id, u.score, u.hops, u.via
+              from unnest(best_ids, best_scores, best_hops, best_via) as u(id, score, hops, via)
+             where u.hops > 0 and u.id <> all (_expand_graph.seed_chunk_ids)
+             order by u.score desc, u.hops, u.id) b
+     cross join lateral (
+         select c.document_id from kb.chunks c
+          where c.id = b.id
+            and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
+                                          _expand_graph.category, _expand_graph.labels)
+         offset 0) c
      order by b.score desc, b.hops, b.id
      limit _expand_graph.max_returned;
 end

@@ -8,7 +8,9 @@
 -- Change capture without an extension: row triggers on the application's table add
 -- (source, key, op) to kb.source_queue and do nothing else — no model call, no lock beyond the
 -- queue row, no error of their own (ON CONFLICT DO NOTHING: one entry per key however often the
--- row changes, so the queue never outgrows the table). An UPDATE fires them only when a column
+-- row changes, so the queue never outgrows the table). The queue, claims and parked rows are
+-- keyed by the key's SHA-256 (kb._source_key_hash, a generated column), the key itself kept
+-- beside it unindexed: any key the application's own index holds is queued. An UPDATE fires them only when a column
 -- the source reads changed (UPDATE OF those columns, and a WHEN clause comparing them).
 -- A worker claims entries (kb._source_claim: FOR UPDATE SKIP LOCKED, moved to
 -- kb.source_claims in a statement of their own, so an application write never waits on a
@@ -29,6 +31,21 @@
 
 -- -- names, keys and documents ------------------------------------------------------------
 
+create or replace function kb._source_key_hash(key text[])
+returns bytea
+language sql
+immutable
+parallel safe
+strict
+security invoker
+set search_path = pg_catalog, pg_temp
+-- (a text[]'s text form is the same whatever the settings: immutable)
+return pg_catalog.sha256(pg_catalog.convert_to(key::text, 'UTF8'));
+comment on function kb._source_key_hash(text[]) is
+    'SHA-256 of a table source''s key: what kb.source_queue, kb.source_claims and kb.source_errors '
+    'are keyed by (a key as long as the application''s own index allows does not fit theirs), and '
+    'how the document of a row whose key is too long to name it is named.';
+
 create or replace function kb._source_document(source_name text, key text[])
 returns text
 language sql
@@ -36,14 +53,21 @@ immutable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
--- `/` separates the key's columns: inside a value it is %2F (and % is %25)
-return 'table:' || source_name || '/'
-       || pg_catalog.array_to_string(
-              array(select pg_catalog.replace(pg_catalog.replace(k.v, '%', '%25'), '/', '%2F')
-                      from pg_catalog.unnest(key) with ordinality as k(v, n) order by k.n), '/');
+-- `/` separates the key's columns: inside a value it is %2F (and % is %25). A name longer than
+-- 2,600 bytes would not fit kb.documents' unique index (2,704 bytes an entry): such a row's
+-- document is named by its key's hash, %sha256:<hex> (no escaped value starts with %s).
+return (select case when pg_catalog.octet_length(n.name) <= 2600 then n.name
+                    else 'table:' || source_name || '/%sha256:'
+                         || pg_catalog.encode(kb._source_key_hash(key), 'hex') end
+          from (select 'table:' || source_name || '/'
+                       || pg_catalog.array_to_string(
+                              array(select pg_catalog.replace(pg_catalog.replace(k.v, '%', '%25'), '/', '%2F')
+                                      from pg_catalog.unnest(key) with ordinality as k(v, n) order by k.n),
+                              '/')) as n(name));
 comment on function kb._source_document(text, text[]) is
     'The document source of a row of a table source: table:<source>/<key column values>, / and % '
-    'escaped inside a value.';
+    'escaped inside a value; table:<source>/%sha256:<hex of kb._source_key_hash> when that would '
+    'be over 2,600 bytes.';
 
 create or replace function kb._source_document_key(prefix text, document_source text)
 returns text[]
@@ -998,6 +1022,28 @@ $$;
 comment on function kb._source_missing(integer, jsonb) is
     'Which of these keys (JSON array of arrays) have no row in the table source''s table.';
 
+create or replace function kb._source_hashed_documents(source_id integer)
+returns table (document text)
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+set row_security = off
+as $$
+declare
+    s kb.table_sources;
+begin
+    select * into s from kb.table_sources t where t.id = _source_hashed_documents.source_id;
+    return query execute format(
+        'select n.document from (select kb._source_document(%L, %s) as document from %s as t) n '
+        ' where pg_catalog.starts_with(n.document, %L)',
+        s.name, kb._source_key_sql(source_id, 't'), s.relation, 'table:' || s.name || '/%sha256:');
+end
+$$;
+comment on function kb._source_hashed_documents(integer) is
+    'The documents of a table source''s rows whose keys are too long to name them (named by the '
+    'key''s hash): a scan of the table.';
+
 create or replace function kb._source_orphans(source_id integer)
 returns table (document text)
 language plpgsql
@@ -1018,9 +1064,28 @@ begin
       from kb.documents d
      cross join lateral (select kb._source_document_key(prefix, d.source) as key) x
      where pg_catalog.starts_with(d.source, prefix)
+       and not pg_catalog.starts_with(d.source, prefix || '%sha256:')
        and pg_catalog.cardinality(x.key) = pg_catalog.cardinality(s.key_columns);
     return query
     select kb._source_document(s.name, m.key) from kb._source_missing(source_id, keys) m;
+    -- a name the row no longer has (a key over 2,600 bytes named in full before revision 0017)
+    return query
+    select d.source
+      from kb.documents d
+     cross join lateral (select kb._source_document_key(prefix, d.source) as key) x
+     where pg_catalog.starts_with(d.source, prefix)
+       and not pg_catalog.starts_with(d.source, prefix || '%sha256:')
+       and pg_catalog.octet_length(d.source) > 2600
+       and kb._source_document(s.name, x.key) <> d.source;
+    -- documents named by their key's hash: those no row of the table has now (a full scan, only
+    -- when there are such documents)
+    if exists (select 1 from kb.documents d where pg_catalog.starts_with(d.source, prefix || '%sha256:')) then
+        return query
+        select d.source
+          from kb.documents d
+         where pg_catalog.starts_with(d.source, prefix || '%sha256:')
+           and d.source not in (select l.document from kb._source_hashed_documents(source_id) l);
+    end if;
 end
 $$;
 comment on function kb._source_orphans(integer) is
@@ -1080,7 +1145,7 @@ begin
         '               select $1, p.key, ''B'' from page p '
         -- a key this worker claimed a moment ago is read after this page: once is enough
         '                where not exists (select 1 from kb.source_claims c where c.source_id = $1 '
-        '                                     and c.key = p.key and c.worker = $4) '
+        '                                     and c.key_hash = kb._source_key_hash(p.key) and c.worker = $4) '
         '               on conflict do nothing returning 1) '
         'select (select pg_catalog.count(*) from page)::integer, (select pg_catalog.count(*) from added)::integer, '
         '       (select p.key from page p order by p.n desc limit 1)',
@@ -1120,19 +1185,19 @@ security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
     with picked as (
-        select q.source_id, q.key
+        select q.source_id, q.key_hash
           from kb.source_queue q
          where (_source_claim.source_ids is null or q.source_id = any (_source_claim.source_ids))
            -- one worker per key at a time: a key changed again while claimed waits its turn
            and not exists (select 1 from kb.source_claims c
-                            where c.source_id = q.source_id and c.key = q.key)
+                            where c.source_id = q.source_id and c.key_hash = q.key_hash)
          order by q.enqueued_at
          limit _source_claim.max_rows
          for update of q skip locked
     ), taken as (
         delete from kb.source_queue q
          using picked p
-         where q.source_id = p.source_id and q.key = p.key
+         where q.source_id = p.source_id and q.key_hash = p.key_hash
         returning q.source_id, q.key, q.op, q.enqueued_at
     )
     insert into kb.source_claims (source_id, key, op, enqueued_at, worker)
@@ -1154,9 +1219,10 @@ begin atomic
         delete from kb.source_claims c
          where c.worker = _source_release.worker
            and (_source_release.keys is null
-                or (c.source_id, c.key) in (select (e operator(pg_catalog.->>) 0)::integer,
-                                                   array(select x.v from pg_catalog.jsonb_array_elements_text(e operator(pg_catalog.->) 1)
-                                                                 with ordinality as x(v, n) order by x.n)
+                or (c.source_id, c.key_hash) in (select (e operator(pg_catalog.->>) 0)::integer,
+                                                        kb._source_key_hash(array(
+                                                            select x.v from pg_catalog.jsonb_array_elements_text(e operator(pg_catalog.->) 1)
+                                                                   with ordinality as x(v, n) order by x.n))
                                               from pg_catalog.jsonb_array_elements(_source_release.keys) as e))
         returning c.source_id, c.key, c.op, c.enqueued_at
     ), queued as (
@@ -1182,23 +1248,25 @@ begin
     -- done: [[key...], ...] written, unchanged or deleted; failed: [{"key": [...], "error": "..."}]
     delete from kb.source_claims c
      where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
-       and c.key in (select k.key from kb._source_keys(done) k);
+       and c.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k);
     delete from kb.source_errors e
-     where e.source_id = _source_settle.source_id and e.key in (select k.key from kb._source_keys(done) k);
+     where e.source_id = _source_settle.source_id
+       and e.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k);
     insert into kb.source_errors as e (source_id, key, error, retry_at)
     select _source_settle.source_id, f.key, f.error, pg_catalog.now() + kb._source_backoff(1)
       from (select array(select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
                                   with ordinality as x(v, n) order by x.n) as key,
                    i operator(pg_catalog.->>) 'error' as error
               from pg_catalog.jsonb_array_elements(failed) as i) f
-    on conflict (source_id, key) do update
+    on conflict (source_id, key_hash) do update
        set error = excluded.error, attempts = e.attempts + 1, last_failed_at = pg_catalog.now(),
            retry_at = pg_catalog.now() + kb._source_backoff(e.attempts + 1);
     delete from kb.source_claims c
      where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
-       and c.key in (select array(select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
-                                           with ordinality as x(v, n) order by x.n)
-                       from pg_catalog.jsonb_array_elements(failed) as i);
+       and c.key_hash in (select kb._source_key_hash(array(
+                                     select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
+                                            with ordinality as x(v, n) order by x.n))
+                            from pg_catalog.jsonb_array_elements(failed) as i);
 end
 $$;
 comment on function kb._source_settle(integer, integer, jsonb, jsonb) is

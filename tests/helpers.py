@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from click.testing import CliRunner
+
+from kbpg.cli import main
+
 KBPG = str(Path(sys.executable).parent / "kbpg")
 
 
@@ -22,6 +26,20 @@ def run_kbpg(
         text=True,
         timeout=timeout,
         check=False,
+    )
+
+
+def invoke_kbpg(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """Run `kbpg` inside this process (click's runner) with the environment `env` (KBPG_*
+    settings not in it unset): exit code, stdout and stderr as run_kbpg returns them, without
+    an interpreter to start or a model to load each time. For what a separate process is not
+    the point of (signals, concurrency, the console script itself: run_kbpg)."""
+    unset: dict[str, str | None] = {k: None for k in os.environ if k.startswith("KBPG_")}
+    result = CliRunner().invoke(main, list(args), env={**unset, **env})
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise result.exception
+    return subprocess.CompletedProcess(
+        [KBPG, *args], result.exit_code, result.stdout, result.stderr
     )
 
 

@@ -284,6 +284,8 @@ class _Worker:
         self.skipped_until: dict[int, float] = {}
         self.last_reclaim = 0.0
         self.last_refresh = time.monotonic()
+        self.last_index_check = float("-inf")
+        self.index_deferred = False  # by this worker, for its backfill: built when it is through
         self.backfill_s = 0.0
         self._pending_failures: list[LoadFailure] = []
 
@@ -321,8 +323,8 @@ class _Worker:
     # -- sources --------------------------------------------------------------------------------
 
     def load_sources(self) -> None:
-        with self.transaction():
-            rows = self.conn.execute(queries.SYNC_SOURCES).fetchall()
+        """The sources this worker serves, as they are now (in the caller's transaction)."""
+        rows = self.conn.execute(queries.SYNC_SOURCES).fetchall()
         known = {str(r[1]): _Source(int(r[0]), str(r[1]), str(r[2])) for r in rows}
         missing = [n for n in self.names if n not in known]
         if missing:
@@ -342,20 +344,24 @@ class _Worker:
     def round(self) -> int:
         """Reclaim, requeue due retries, claim a batch (after a backfill page when the queue ran
         dry) and process it; the number of rows claimed."""
-        self.load_sources()
-        ids = self.active_ids()
-        if not ids:
-            return 0
         if time.monotonic() - self.last_reclaim >= RECLAIM_EVERY_S:
             self.reclaim()
+        # the sources, due retries and the claim in one short transaction: a round under a
+        # steady write load holds a few rows, and each transaction is round trips of its own
+        claims: list[_Claim] = []
         with self.transaction():
-            self.conn.execute(queries.SYNC_REQUEUE_ERRORS, (ids,))
-        claims = self.claim(ids, self.batch_rows)
+            self.load_sources()
+            ids = self.active_ids()
+            if ids:
+                self.conn.execute(queries.SYNC_REQUEUE_ERRORS, (ids,))
+                claims = self._claim(ids, self.batch_rows)
+        if not ids:
+            return 0
         if len(claims) < self.batch_rows and self.backfill(ids):
             claims += self.claim(ids, self.batch_rows * BACKFILL_BATCHES - len(claims))
         if claims:
             self.process(claims)
-        else:
+        elif self.index_deferred or time.monotonic() - self.last_index_check >= RECLAIM_EVERY_S:
             self.ensure_index()
         return len(claims)
 
@@ -368,7 +374,10 @@ class _Worker:
 
     def claim(self, ids: list[int], limit: int) -> list[_Claim]:
         with self.transaction():
-            rows = self.conn.execute(queries.SYNC_CLAIM, (self.token, ids, limit)).fetchall()
+            return self._claim(ids, limit)
+
+    def _claim(self, ids: list[int], limit: int) -> list[_Claim]:
+        rows = self.conn.execute(queries.SYNC_CLAIM, (self.token, ids, limit)).fetchall()
         return [_Claim(int(r[0]), tuple(r[1]), str(r[2])) for r in rows]
 
     def backfill(self, ids: list[int]) -> bool:
@@ -398,7 +407,7 @@ class _Worker:
             if enqueued and done == enqueued and total and total > enqueued:
                 # the first page of a backfill: into an empty knowledge base (or one it at least
                 # doubles) the vector index is built once at the end, as an ingest does
-                self.writer.defer_index(int(total))
+                self.index_deferred = self.writer.defer_index(int(total)) or self.index_deferred
         return queued
 
     # -- processing -----------------------------------------------------------------------------
@@ -563,11 +572,14 @@ class _Worker:
         self.summary.database_s += time.perf_counter() - t0
 
     def ensure_index(self) -> None:
-        """A vector index deferred for a backfill (by this worker or one that died) is built
-        when the queue runs dry."""
+        """A vector index deferred for a backfill is built when the queue runs dry: at once when
+        this worker deferred it, else (a worker that died did) at the next check, every
+        RECLAIM_EVERY_S while idle."""
         t0 = time.perf_counter()
+        self.last_index_check = time.monotonic()
         if self.writer.ensure_index():
             self.summary.database_s += time.perf_counter() - t0
+        self.index_deferred = False
 
     def has_work(self) -> bool:
         """Whether this worker's sources have claimable rows, due retries or a backfill left."""

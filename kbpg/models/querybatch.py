@@ -6,6 +6,7 @@ import threading
 
 import numpy as np
 
+from kbpg import telemetry
 from kbpg.models.embedders import Embedder, FloatArray
 
 # More queries than this wait for the next call: a call's time grows with its batch.
@@ -60,6 +61,7 @@ class QueryBatcher:
             batch = self._waiting[: self.max_batch]
             del self._waiting[: self.max_batch]
         try:
+            telemetry.report.query_batch(len(batch))
             vectors = self._embed([w.text for w in batch])
             for waiting, vector in zip(batch, vectors, strict=True):
                 waiting.vector = vector

@@ -21,6 +21,8 @@ from kbpg.store.readiness import PoolStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 # a search stage takes from a millisecond (SQL on a small base) to seconds (a chat model)
+# queries embedded per model call: up to querybatch.MAX_BATCH
+BATCH_BUCKETS = (1, 2, 3, 4, 6, 8, 12, 16)
 STAGE_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -82,6 +84,13 @@ class Metrics(telemetry.Observer):
             "Time of each stage of a search: embed (the query), sql (kb.search), rerank, expand",
             ["stage"],
             buckets=STAGE_BUCKETS,
+            registry=r,
+        )
+        self.query_batches = Histogram(
+            "kbpg_query_embedding_batch_size",
+            "Queries embedded per model call: concurrent searches share one call (the count is"
+            " the number of calls, the sum the number of queries)",
+            buckets=BATCH_BUCKETS,
             registry=r,
         )
         self.stage_outcomes = Counter(
@@ -148,6 +157,9 @@ class Metrics(telemetry.Observer):
 
     def search_stage(self, stage: str, seconds: float) -> None:
         self.stage_seconds.labels(stage).observe(max(0.0, seconds))
+
+    def query_batch(self, size: int) -> None:
+        self.query_batches.observe(size)
 
     def stage_outcome(self, stage: str, status: str) -> None:
         self.stage_outcomes.labels(stage, status).inc()

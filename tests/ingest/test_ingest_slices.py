@@ -214,10 +214,11 @@ def test_a_slow_model_never_leaves_the_transaction_idle_past_its_timeout(
     monkeypatch.setattr(ingest, "SLICE_CHUNKS", 8)
     monkeypatch.setattr(ingest, "EMBED_STEP", 1)
     settings = dataclasses.replace(Settings.from_env(), idle_in_transaction_timeout_ms=3000)
-    big = Document(source="big", title="Big", text=long_text(1500))
+    big = Document(source="big", title="Big", text=long_text(600))
     n = chunk_count(big, embedder)
+    assert n > 8  # more than one slice
     with EmbeddingServer(embedder) as server:
-        server.slow_s = 1.0  # a slice of 8 chunks: over 8 s of model calls, a step over 1 s
+        server.slow_s = 1.0  # a slice of 8 chunks: 8 s of model calls, a step 1 s
         server.script = ["slow"] * n
         remote = OpenAIEmbedder(server.base_url, server.model, dimension=384)
         with KnowledgeBase(db_url, remote, settings=settings, pool_size=1) as knowledge_base:

@@ -5,6 +5,7 @@ down or refuses an input loses nothing; definitions change; access control follo
 from __future__ import annotations
 
 import dataclasses
+import random
 import socket
 import threading
 from collections.abc import Iterator
@@ -47,9 +48,9 @@ def run(url: str, sql: str, params: Any = None) -> None:
         conn.execute(sql, params)
 
 
-def docs(url: str) -> dict[str, Any]:
+def docs(url: str, prefix: str = "table:articles/") -> dict[str, Any]:
     with kdb.connect(url) as conn:
-        return documents(conn)
+        return documents(conn, prefix)
 
 
 def scalar(url: str, sql: str, params: Any = None) -> int:
@@ -116,7 +117,7 @@ def test_rows_become_documents_and_follow_every_change(kb: KnowledgeBase, app_db
 
 def test_the_backfill_reports_progress_and_resumes(embedder: MiniLMEmbedder, db_url: str) -> None:
     rows = [
-        (i, f"Article {i}", f"Article number {i} explains topic {i % 7}.") for i in range(1, 301)
+        (i, f"Article {i}", f"Article number {i} explains topic {i % 7}.") for i in range(1, 121)
     ]
     with kdb.connect(db_url, autocommit=True) as conn:
         add_articles(conn, rows)
@@ -134,18 +135,18 @@ def test_the_backfill_reports_progress_and_resumes(embedder: MiniLMEmbedder, db_
         partial = sync(kb.db, kb.models, batch_rows=10, progress=progress, stop=stop)
         assert partial.rows == 80 and partial.released == 0
         backfill = events[-1].backfills[0]
-        assert (backfill.source, backfill.total, backfill.done) == ("articles", 300, False)
+        assert (backfill.source, backfill.total, backfill.done) == ("articles", 120, False)
         assert events[-1].rows_per_s > 0 and events[-1].eta_s(backfill) is not None
         state = table_sources.show(kb.db, "articles")
         assert (state.backfill_state, state.documents, state.claimed) == ("running", 80, 0)
         assert state.backfill_enqueued == 80
         rest = sync(kb.db, kb.models, batch_rows=10)
-    assert rest.rows == 220 and rest.added == 220
-    assert len(docs(db_url)) == 300
+    assert rest.rows == 40 and rest.added == 40
+    assert len(docs(db_url)) == 120
     with kdb.connect(db_url) as conn:
         assert conn.execute(
             "select backfill_state, backfill_enqueued, backfill_total from kb.table_sources"
-        ).fetchone() == ("done", 300, 300)
+        ).fetchone() == ("done", 120, 120)
 
 
 def test_rows_that_cannot_be_ingested_are_parked_and_retried_with_backoff(
@@ -389,3 +390,88 @@ def test_a_migration_of_a_column_the_source_reads(kb: KnowledgeBase, app_db: str
         )
         == 4
     )
+
+
+def _key_only_the_application_holds(url: str, prefix: list[str]) -> str:
+    """A text key of 10,000 characters that the application's unique index holds (it compresses
+    to just under a btree entry's 2,704 bytes) but an entry shaped like 0014's queue key (the
+    source id and the key as text[], `prefix` the key columns before it) does not: found by
+    trying, as compression decides."""
+    rng = random.Random(26)
+    with kdb.connect(url) as conn:
+        conn.execute("create temp table app (a text, b text, unique (a, b))")
+        conn.execute(
+            'create temp table queue (s int, key text[] collate "C", primary key (s, key))'
+        )
+        for tail in range(2300, 2500, 2):
+            key = "x" * (10_000 - tail) + "".join(
+                rng.choice("0123456789abcdef") for _ in range(tail)
+            )
+            try:
+                with conn.transaction():
+                    conn.execute(
+                        "insert into app values (%s, %s)", (*prefix, key) if prefix else ("", key)
+                    )
+            except psycopg.errors.ProgramLimitExceeded:
+                continue
+            try:
+                with conn.transaction():
+                    conn.execute("insert into queue values (1, %s)", ([*prefix, key],))
+            except psycopg.errors.ProgramLimitExceeded:
+                return key
+    pytest.fail("no key fits the application's index but not 0014's queue")
+
+
+def test_a_key_longer_than_an_index_entry_is_synced_and_deleted(
+    embedder: MiniLMEmbedder, db_url: str
+) -> None:
+    """A text key of 10 kB that the application's btree holds but a queue entry keyed by it would
+    not: the application's writes succeed, and the worker keeps the rows (single and composite
+    keys) searchable, parks one that fails and deletes them with their rows."""
+    slug = _key_only_the_application_holds(db_url, [])
+    tenant = _key_only_the_application_holds(db_url, ["acme"])
+    run(db_url, "create table public.pages (slug text primary key, body text, visible_to text[])")
+    run(
+        db_url,
+        "create table public.notes (org text, tenant text, body text, primary key (org, tenant))",
+    )
+    run(
+        db_url,
+        "select kb.add_table_source('pages', 'public.pages', text => 'body',"
+        " groups => 'visible_to')",
+    )
+    run(db_url, "select kb.add_table_source('notes', 'public.notes', id => 'org, tenant',"
+                " text => 'body')")  # fmt: skip
+    with kdb.connect(db_url, autocommit=True) as conn:
+        conn.execute("insert into public.pages values (%s, %s, null), (%s, %s, '{\"\"}')",
+                     (slug, "Sundials tell the time by the shadow of a gnomon.",
+                      slug[:-1], "A row whose group name is blank."))  # fmt: skip
+        conn.execute("insert into public.notes values ('acme', %s, 'Lighthouses guide ships.')",
+                     (tenant,))  # fmt: skip
+        # a second change of a queued row: still one entry
+        conn.execute("update public.pages set body = body || ' Noon casts the shortest shadow.'"
+                     " where slug = %s", (slug,))  # fmt: skip
+        assert count(conn, "select count(*) from kb.source_queue") == 3
+    with KnowledgeBase(db_url, embedder, pool_size=1) as kb:
+        first = sync(kb.db, kb.models)
+        assert (first.rows, first.added, first.failed) == (3, 2, 1)
+        (parked,) = table_sources.errors(kb.db)
+        assert parked.key == [slug[:-1]]
+        assert parked.error == "groups holds an empty value (NULL or blank)"
+        stored = docs(db_url, "table:pages/") | docs(db_url, "table:notes/")
+        assert len(stored) == 2 and all(len(name) < 100 for name in stored)
+        assert parked.document.startswith("table:pages/%sha256:")
+        for query, text in [("sundial shadow", "Sundials"), ("lighthouse ships", "Lighthouses")]:
+            assert kb.search(query, top=1).chunks[0].content.startswith(text)
+        # the row fixed: tried at once; then the rows deleted or truncated: their documents go
+        run(db_url, "update public.pages set visible_to = '{}' where slug = %s", (slug[:-1],))
+        assert sync(kb.db, kb.models).added == 1
+        assert table_sources.errors(kb.db) == []
+        run(db_url, "delete from public.pages where slug = %s", (slug,))
+        run(db_url, "delete from public.notes")
+        assert sync(kb.db, kb.models).deleted == 2
+        run(db_url, "truncate public.pages")
+        assert sync(kb.db, kb.models).deleted == 1
+    assert docs(db_url, "table:pages/") == {} and docs(db_url, "table:notes/") == {}
+    for table in ("source_queue", "source_claims", "source_errors"):
+        assert scalar(db_url, f"select count(*) from kb.{table}") == 0

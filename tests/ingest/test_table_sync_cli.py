@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 
 from kbpg.store import db as kdb
-from tests.helpers import KBPG, run_kbpg
+from tests.helpers import KBPG, invoke_kbpg, run_kbpg
 from tests.tablesdata import ARTICLES, add_articles, count, documents, insert_article
 
 WORKER_LOCK = 0x6B627073
 
 
 def _ok(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    result = run_kbpg(*args, env=env)
+    result = invoke_kbpg(*args, env=env)
     assert result.returncode == 0, f"kbpg {' '.join(args)}: {result.stderr}"
     return result
 
@@ -49,13 +49,14 @@ def test_sources_commands(db_url: str, cli_env: dict[str, str]) -> None:
     assert added.stdout.startswith("added source articles: public.articles keyed by id;")
     assert "kbpg sync" in added.stderr
 
+    # the console script itself, once: the message and hint on stderr, exit 1, no traceback
     missing = run_kbpg("sources", "add", "x", "public.articles", "--text", "nope", env=cli_env)
     assert missing.returncode == 1 and missing.stdout == ""
     assert 'Error: column "nope" of public.articles does not exist (text)' in missing.stderr
     assert "Hint: its columns: id, title, body" in missing.stderr
     assert "Traceback" not in missing.stderr
     # (the other definition errors: tests/sql/test_table_sources.py, as SQL raises them)
-    assert run_kbpg("sources", "add", "x", "public.articles", env=cli_env).returncode == 2
+    assert invoke_kbpg("sources", "add", "x", "public.articles", env=cli_env).returncode == 2
 
     synced = _ok("sync", "--json", env=cli_env)
     summary = json.loads(synced.stdout)
@@ -66,7 +67,7 @@ def test_sources_commands(db_url: str, cli_env: dict[str, str]) -> None:
 
     with kdb.connect(db_url, autocommit=True) as conn:
         insert_article(conn, 9, "Bad", "Empty group below.", ["", "hr"])
-    parked = run_kbpg("sync", env=cli_env)
+    parked = invoke_kbpg("sync", env=cli_env)
     assert parked.returncode == 1
     assert "parked table:articles/9: groups holds an empty value (NULL or blank)" in parked.stderr
     errors = json.loads(_ok("sources", "errors", "--json", env=cli_env).stdout)
@@ -112,9 +113,9 @@ def _popen(*args: str, env: dict[str, str], log: Path) -> subprocess.Popen[str]:
 def test_two_workers_share_the_rows_and_none_is_done_twice(
     db_url: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    _bulk(db_url, 100)
+    _bulk(db_url, 60)
     workers = [
-        _popen("sync", "--batch-size", "10", "--json", env=cli_env, log=tmp_path / f"w{i}.log")
+        _popen("sync", "--batch-size", "5", "--json", env=cli_env, log=tmp_path / f"w{i}.log")
         for i in (1, 2)
     ]
     outputs = [w.communicate(timeout=600)[0] for w in workers]
@@ -122,9 +123,9 @@ def test_two_workers_share_the_rows_and_none_is_done_twice(
         (tmp_path / f"w{i}.log").read_text() for i in (1, 2)
     ]
     summaries = [json.loads(out) for out in outputs]
-    assert sum(s["rows"] for s in summaries) == 100  # every row claimed once, by one worker
-    assert sum(s["added"] for s in summaries) == 100
-    assert _scalar(db_url, "select count(*) from kb.documents") == 100
+    assert sum(s["rows"] for s in summaries) == 60  # every row claimed once, by one worker
+    assert sum(s["added"] for s in summaries) == 60
+    assert _scalar(db_url, "select count(*) from kb.documents") == 60
     assert _scalar(db_url, "select count(*) from kb.source_queue") == 0
     assert _scalar(db_url, "select count(*) from kb.source_claims") == 0
 
@@ -140,27 +141,27 @@ def _worker_locks(url: str) -> int:
 def test_a_worker_killed_mid_batch_leaves_nothing_half_done(
     db_url: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    _bulk(db_url, 120)
-    worker = _popen("sync", "--watch", "--batch-size", "10", env=cli_env, log=tmp_path / "w.log")
+    _bulk(db_url, 60)
+    worker = _popen("sync", "--watch", "--batch-size", "5", env=cli_env, log=tmp_path / "w.log")
     _wait_for(
-        lambda: _scalar(db_url, "select count(*) from kb.documents") >= 30,
+        lambda: _scalar(db_url, "select count(*) from kb.documents") >= 15,
         what="the worker's first batches",
     )
     worker.send_signal(signal.SIGKILL)
     worker.wait(30)
     written = _scalar(db_url, "select count(*) from kb.documents")
-    assert 30 <= written < 120
+    assert 15 <= written < 60
     # its backend ends with it: the session lock and any claim it held are free for others
     _wait_for(lambda: _worker_locks(db_url) == 0, what="the killed worker's session to end")
     _ok("sync", "--batch-size", "50", env=cli_env)
-    assert _scalar(db_url, "select count(*) from kb.documents") == 120
+    assert _scalar(db_url, "select count(*) from kb.documents") == 60
     assert _scalar(db_url, "select count(*) from kb.source_claims") == 0
     assert _scalar(db_url, "select count(*) from kb.source_queue") == 0
     with kdb.connect(db_url) as conn:
         recount = conn.execute(
             "select lexemes_corrected, chunk_count from kb.recount_bm25_statistics()"
         ).fetchone()
-        assert recount == (0, 120)
+        assert recount == (0, 60)
         docs = documents(conn)
     assert all(len(chunks) == 1 for *_, chunks in docs.values())
 
@@ -168,11 +169,11 @@ def test_a_worker_killed_mid_batch_leaves_nothing_half_done(
 def test_sigterm_finishes_the_batch_in_hand_and_keeps_the_rest_queued(
     db_url: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    _bulk(db_url, 120)
+    _bulk(db_url, 60)
     log = tmp_path / "w.log"
-    worker = _popen("sync", "--watch", "--batch-size", "10", env=cli_env, log=log)
+    worker = _popen("sync", "--watch", "--batch-size", "5", env=cli_env, log=log)
     _wait_for(
-        lambda: _scalar(db_url, "select count(*) from kb.documents") >= 10,
+        lambda: _scalar(db_url, "select count(*) from kb.documents") >= 5,
         what="the worker's first batch",
     )
     worker.send_signal(signal.SIGTERM)
@@ -186,7 +187,7 @@ def test_sigterm_finishes_the_batch_in_hand_and_keeps_the_rest_queued(
     assert written + queued == paged  # every row paged is written or still queued
     assert _worker_locks(db_url) == 0
     _ok("sync", env=cli_env)
-    assert _scalar(db_url, "select count(*) from kb.documents") == 120
+    assert _scalar(db_url, "select count(*) from kb.documents") == 60
 
 
 def test_a_watching_worker_is_woken_by_a_commit(

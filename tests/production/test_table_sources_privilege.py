@@ -15,7 +15,7 @@ import pytest
 from psycopg import sql
 
 from tests.conftest import with_database, with_user
-from tests.helpers import clean_env, run_kbpg
+from tests.helpers import clean_env, invoke_kbpg
 from tests.tablesdata import ARTICLES, ROWS, insert_article
 
 pytestmark = pytest.mark.least_privilege
@@ -57,7 +57,7 @@ def production(
         )
     try:
         env = clean_env(KBPG_DATABASE_URL=url, KBPG_HOME=str(tmp_path / "home"))
-        assert run_kbpg("db", "upgrade", env=env).returncode == 0
+        assert invoke_kbpg("db", "upgrade", env=env).returncode == 0
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("select kb.access_setup(%s, %s)", (roles.reader, roles.writer))
             # the vector index is the owner's to create (README "Migrations"): the writer's
@@ -95,7 +95,7 @@ def test_the_production_roles_add_a_source_and_sync_it(
            "--groups", "visible_to")  # fmt: skip
 
     # the application's own role has no kbpg role: it is told which one it would need
-    refused = run_kbpg(*add, env=app)
+    refused = invoke_kbpg(*add, env=app)
     assert refused.returncode == 1
     assert "Error: permission denied for table kbpg_alembic_version" in refused.stderr
     assert "Hint: table sources are kbpg's writer role's to define: grant kbpg_writer (or the" in (
@@ -104,7 +104,7 @@ def test_the_production_roles_add_a_source_and_sync_it(
     assert f"to {roles.app};" in refused.stderr
 
     # the bot may write the catalog, not put triggers on someone else's table
-    refused = run_kbpg(*add, env=bot)
+    refused = invoke_kbpg(*add, env=bot)
     assert refused.returncode == 1
     assert "may not create triggers on public.articles" in refused.stderr
     assert f"its owner runs: grant trigger on public.articles to {roles.bot};" in refused.stderr
@@ -113,14 +113,14 @@ def test_the_production_roles_add_a_source_and_sync_it(
         conn.execute(sql.SQL("grant trigger on public.articles to {}").format(
             sql.Identifier(roles.bot)
         ))  # fmt: skip
-    added = run_kbpg(*add, env=bot)
+    added = invoke_kbpg(*add, env=bot)
     assert added.returncode == 0, added.stderr
     # ... and is told what the worker will lack
     assert f"Warning: kbpg sync running as {roles.writer} cannot read public.articles" in (
         added.stderr
     )
     assert f"grant select on public.articles to {roles.writer};" in added.stderr
-    unreadable = run_kbpg("sync", env=bot)
+    unreadable = invoke_kbpg("sync", env=bot)
     assert unreadable.returncode == 1
     assert "Error: source articles could not be read: permission denied" in unreadable.stderr
     assert f"grant select on public.articles to {roles.writer};" in unreadable.stderr
@@ -133,7 +133,7 @@ def test_the_production_roles_add_a_source_and_sync_it(
         insert_article(conn, 4, "From the app", "Written by the application's own role.")
         with pytest.raises(psycopg.errors.InsufficientPrivilege):
             conn.execute("select count(*) from kb.source_queue")
-    synced = run_kbpg("sync", "--json", env=bot)
+    synced = invoke_kbpg("sync", "--json", env=bot)
     assert synced.returncode == 0, synced.stderr
     assert '"added": 4' in synced.stdout
 
@@ -175,7 +175,7 @@ def test_the_production_roles_add_a_source_and_sync_it(
             )
 
     # only the table's owner may drop a trigger: removed by the bot, they stay, inert
-    removed = run_kbpg("sources", "remove", "articles", env=bot)
+    removed = invoke_kbpg("sources", "remove", "articles", env=bot)
     assert removed.returncode == 0, removed.stderr
     assert "stay until its owner drops them" in removed.stderr
     assert "drop trigger kbpg_articles_change on public.articles;" in removed.stderr

@@ -1,11 +1,13 @@
 """Quality gate in other languages: XQuAD Russian and Chinese (and English, the control) through
 kbpg's own evaluation, with the knowledge base's language set.
 
-Each collection is 240 paragraphs and 1,190 questions. With all-MiniLM-L6-v2 (English only) the
-collection is ingested once in `english` (today's analysis, reported), then switched to its
-language with kb.set_language on the same data; with multilingual-e5-small it is
-ingested in its language (e5 embeds ~4 passages a second here: the bulk of the time this module
-adds to CI).
+Each collection is 240 paragraphs and 1,190 questions, ingested once with multilingual-e5-small
+in `english` (the analysis before languages, reported), then switched to its language with
+kb.set_language on the same data (which is also how an existing knowledge base changes
+language). A knowledge base created in its language is tested on hand-built data
+(tests/sql/test_sql_language.py, `kbpg eval --language` in tests/search/test_evaluate.py).
+The English control is xquad-en with all-MiniLM-L6-v2. e5 embeds ~4 passages a second here:
+the bulk of the time this module adds to CI.
 """
 
 from __future__ import annotations
@@ -81,11 +83,13 @@ def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
 
 
 @pytest.fixture(scope="module", params=["xquad-ru", "xquad-zh"])
-def minilm(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
-    """MiniLM: ingested in english (today), then the same data switched to the language."""
+def e5(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
+    """multilingual-e5-small: the collection ingested in `english` (what kbpg did before
+    languages: reported), then switched to its language with kb.set_language on the same data
+    (the lexical arm re-analysed, BM25 statistics recounted), then every arm scored."""
     name = request.param
     dataset = ev.load_beir(collection_dir(name))
-    embedder = get_embedder(Settings.from_env(), "minilm")
+    embedder = get_embedder(Settings.from_env(), "e5-multilingual")
     scores = Scores()
     started = time.perf_counter()
     with ev.throwaway_database(admin_url) as url:
@@ -96,30 +100,14 @@ def minilm(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]
             row = conn.execute("select lexemes_corrected from kb.recount_bm25_statistics()")
             scores.arms["recount corrected"] = float(row.fetchone()[0])  # type: ignore[index]
             conn.commit()
-        _score(collection, LANGUAGES[name], scores, ("lexical",), off=True)
-    scores.seconds = time.perf_counter() - started
-    _report(name, "all-MiniLM-L6-v2", scores)
-    return name, scores
-
-
-@pytest.fixture(scope="module", params=["xquad-ru", "xquad-zh"])
-def e5(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
-    """multilingual-e5-small, ingested in the collection's language."""
-    name = request.param
-    dataset = ev.load_beir(collection_dir(name))
-    embedder = get_embedder(Settings.from_env(), "e5-multilingual")
-    scores = Scores()
-    started = time.perf_counter()
-    with ev.throwaway_database(admin_url, language=LANGUAGES[name]) as url:
-        collection = ev.ingest_collection(url, dataset, embedder)
-        _score(collection, LANGUAGES[name], scores, ("hybrid", "lexical"))
+        _score(collection, LANGUAGES[name], scores, ("hybrid", "lexical"), off=True)
     scores.seconds = time.perf_counter() - started
     _report(name, "multilingual-e5-small", scores)
     return name, scores
 
 
-def test_lexical_arm_in_the_language(minilm: tuple[str, Scores]) -> None:
-    name, scores = minilm
+def test_lexical_arm_in_the_language(e5: tuple[str, Scores]) -> None:
+    name, scores = e5
     language = LANGUAGES[name]
     assert scores.arms[f"{language} lexical"] >= 0.94
     # what english made of it (issue 24: .854 Russian, .118 Chinese)
@@ -127,8 +115,9 @@ def test_lexical_arm_in_the_language(minilm: tuple[str, Scores]) -> None:
     assert scores.arms["recount corrected"] == 0
 
 
-def test_english_model_switched_off_is_never_worse_than_lexical(minilm: tuple[str, Scores]) -> None:
-    name, scores = minilm
+def test_vector_arm_switched_off_is_never_worse_than_lexical(e5: tuple[str, Scores]) -> None:
+    """What a user of an English-only model is told to do (kbpg search --vector-weight 0)."""
+    name, scores = e5
     language = LANGUAGES[name]
     assert (
         scores.arms[f"{language} hybrid, vector off"] >= scores.arms[f"{language} lexical"] - 0.01
@@ -138,7 +127,6 @@ def test_english_model_switched_off_is_never_worse_than_lexical(minilm: tuple[st
 def test_multilingual_model_hybrid(e5: tuple[str, Scores]) -> None:
     name, scores = e5
     language = LANGUAGES[name]
-    assert scores.arms[f"{language} lexical"] >= 0.94
     assert scores.arms[f"{language} hybrid"] >= 0.955
     assert scores.arms[f"{language} hybrid"] >= scores.arms[f"{language} lexical"] - 0.01
 

@@ -104,6 +104,10 @@ def test_metrics_after_an_ingest_a_search_and_a_failed_model_call(
         assert value(after, "kbpg_search_stage_duration_seconds_count", stage=stage) == count
     assert value(after, "kbpg_search_stage_duration_seconds_sum", stage="sql") > 0
     assert value(after, "kbpg_search_stage_duration_seconds_bucket", stage="rerank", le="+Inf") == 1
+    # queries per embedding call: the searches came one after the other, a query a call
+    assert value(after, "kbpg_query_embedding_batch_size_count") == 2
+    assert value(after, "kbpg_query_embedding_batch_size_sum") == 2
+    assert value(after, "kbpg_query_embedding_batch_size_bucket", le="1.0") == 2
     # the failed model call: one error after one retry, and the fallback to the fused order
     assert value(after, "kbpg_model_errors_total", client="reranker", reason="unreachable") == 1
     assert value(after, "kbpg_model_retries_total", client="reranker") == 1

@@ -230,7 +230,7 @@ def test_work_multipliers_over_their_bound_are_kb003_with_a_hint(conn):
 
 def test_a_graph_walk_expands_at_most_its_budget_best_first(conn):
     """S -> A1..A5 (weights .9 .. .5) -> B1..B5: with a budget of 3 chunks expanded, S and the
-    two best A's are; B3..B5 are never reached. The budget is 2,000 (a reader cannot raise it)."""
+    two best A's are; B3..B5 are never reached. The budget is 1,000 (a reader cannot raise it)."""
     doc = add_doc(conn, "walk")
     s = add_chunk(conn, doc, "start")
     a = [add_chunk(conn, doc, f"a{i}") for i in range(5)]
@@ -251,3 +251,35 @@ def test_a_graph_walk_expands_at_most_its_budget_best_first(conn):
     assert walked() == set(a) | set(b)
     conn.execute("set local kb.graph_walk_budget = 3")
     assert walked() == set(a) | {b[0], b[1]}
+
+
+def test_a_readers_walk_is_the_owners_over_the_chunks_it_may_read(conn):
+    """Visibility is checked per hop for the far ends the walk has not reached (not per edge):
+    the walk of a reader of group a equals the owner's walk once the chunks of group b are
+    deleted, fan-out included (chunks with over 32 edges a direction, hidden ones among the
+    heaviest), from seeds hidden ones among them, at every depth."""
+    rng = random.Random(6)
+    docs = {g: add_doc(conn, g, groups=[g]) for g in ("a", "b")}
+    public = add_doc(conn, "public")
+    nodes = [
+        add_chunk(conn, rng.choice([docs["a"], docs["a"], docs["b"], public]), f"n{i}")
+        for i in range(80)
+    ]
+    hubs = nodes[:4]
+    pairs = {tuple(rng.sample(nodes, 2)) for _ in range(700)}
+    pairs |= {(h, n) for h in hubs for n in rng.sample(nodes, 45) if n != h}
+    pairs |= {(n, h) for h in hubs for n in rng.sample(nodes, 45) if n != h}
+    for src, dst in pairs:
+        add_edge(conn, src, dst, rng.choice([0.55, 0.6, 0.7, 0.75, 0.8, 0.9, 0.95, 1.0]))
+    seeds = [hubs[0], hubs[1], nodes[10], nodes[11], nodes[12]]
+    sql = (
+        "select chunk_id, score, depth, via_chunk_id from kb._expand_graph(%s::bigint[], %s,"
+        " 1000, %s, null, null, null, %s)"
+    )
+    cases = [(depth, min_score) for depth in (1, 2, 3, 5) for min_score in (0.0, 0.5)]
+    as_reader = [conn.execute(sql, (seeds, d, m, ["a"])).fetchall() for d, m in cases]
+    assert all(as_reader) and any(len(r) > 32 for r in as_reader)
+    conn.execute("delete from kb.chunks where groups = '{b}'")
+    as_owner = [conn.execute(sql, (seeds, d, m, None)).fetchall() for d, m in cases]
+    for reader, owner in zip(as_reader, as_owner, strict=True):
+        assert_same_walk(reader, owner)
