@@ -6,7 +6,6 @@ when a grant is missing."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -21,6 +20,7 @@ from psycopg import sql
 from kbpg.store import db as kdb
 from tests.conftest import with_database, with_user
 from tests.helpers import KBPG, clean_env, run_kbpg
+from tests.http_server import free_port
 from tests.release_fixtures import REPO, build_v0_1_0_schema, load_rows, v0_1_0_rows
 
 pytestmark = pytest.mark.least_privilege
@@ -149,16 +149,10 @@ def test_owner_ingests_and_searches_by_cli_and_psql(owner_kb: tuple[str, dict[st
     assert row is not None and row[0].endswith("parking/renew-permit.md")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(owner_kb: tuple[str, dict[str, str]]) -> Iterator[str]:
     _, env = owner_kb
-    port = _free_port()
+    port = free_port()
     process = subprocess.Popen(
         [KBPG, "serve", "--port", str(port)],
         env=env,

@@ -250,10 +250,11 @@ def test_a_long_ingest_serves_its_progress(db_url: str, embedder: Embedder, tmp_
     progress is scraped from 127.0.0.1; the port closes with the run."""
     for name in ("a", "b", "c"):
         (tmp_path / f"{name}.md").write_text(f"# Note {name}\n\nParking note {name}.\n")
-    port = free_port()
     with EmbeddingServer(embedder) as server:  # type: ignore[arg-type]
         server.slow_s = 1.5
         server.script = ["slow"] * 20
+        # picked once the embedding server listens: picked before, its port was once the same
+        port = free_port()
         env = env_for(
             db_url,
             tmp_path / "home",
