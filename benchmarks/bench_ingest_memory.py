@@ -160,7 +160,7 @@ SUFFIX = {"prose": ".txt", "headings": ".md", "tiny-sections": ".md", "list": ".
           "nested-html": ".html", "flat-html": ".html"}  # fmt: skip
 
 
-class _StubEmbeddings(BaseHTTPRequestHandler):
+class StubEmbeddings(BaseHTTPRequestHandler):
     """`POST /v1/embeddings`: a unit 384-d vector per text, seeded by the text's CRC."""
 
     def do_POST(self) -> None:
@@ -178,6 +178,18 @@ class _StubEmbeddings(BaseHTTPRequestHandler):
 
     def log_message(self, format: str, *args: object) -> None:
         pass
+
+
+def start_stub_embeddings(env: dict[str, str]) -> ThreadingHTTPServer:
+    """StubEmbeddings served from a thread on 127.0.0.1, and `env` (kbpg's) pointed at it."""
+    stub = ThreadingHTTPServer(("127.0.0.1", 0), StubEmbeddings)
+    threading.Thread(target=stub.serve_forever, daemon=True).start()
+    env.update(
+        KBPG_EMBEDDER="openai",
+        KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{stub.server_address[1]}/v1",
+        KBPG_OPENAI_MODEL="stub-384",
+    )
+    return stub
 
 
 def ingest(source: Path, env: dict[str, str]) -> tuple[float, float, dict[str, Any]]:
@@ -240,13 +252,7 @@ def main() -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("KBPG_")}
         env.update(KBPG_DATABASE_URL=url, KBPG_HOME=str(home / "home"), ORT_DISABLE_TELEMETRY="1")
         if args.embedder == "stub":
-            stub = ThreadingHTTPServer(("127.0.0.1", 0), _StubEmbeddings)
-            threading.Thread(target=stub.serve_forever, daemon=True).start()
-            env.update(
-                KBPG_EMBEDDER="openai",
-                KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{stub.server_address[1]}/v1",
-                KBPG_OPENAI_MODEL="stub-384",
-            )
+            start_stub_embeddings(env)  # a daemon thread: it ends with this process
         print(f"embedder: {args.embedder}", flush=True)
         small = home / ("small" + SUFFIX[args.shape])
         small_size = write_shape(small, args.shape, args.baseline_mb, args.seed + 1)

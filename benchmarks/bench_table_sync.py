@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from bench_ingest_memory import _StubEmbeddings as StubEmbeddings
+from bench_ingest_memory import start_stub_embeddings
 
 from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
@@ -360,13 +360,7 @@ def freshness_run(
     stub: ThreadingHTTPServer | None = None
     if args.embedder == "stub":
         # the database side alone: vectors from a local server that does no work
-        stub = ThreadingHTTPServer(("127.0.0.1", 0), StubEmbeddings)
-        threading.Thread(target=stub.serve_forever, daemon=True).start()
-        env.update(
-            KBPG_EMBEDDER="openai",
-            KBPG_OPENAI_BASE_URL=f"http://127.0.0.1:{stub.server_address[1]}/v1",
-            KBPG_OPENAI_MODEL="stub-384",
-        )
+        stub = start_stub_embeddings(env)
     try:
         return _freshness_load(url, kbpg, env, records, args)
     finally:
