@@ -46,6 +46,11 @@ declare
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', '$9', _search_vector.groups, _search_vector.category,
         _search_vector.labels, _search_vector.visible_groups);
+    -- the caller's own filters (what the caller may read is none): a scan short of the floor
+    -- with one of them is explained by it and does not scan again (see the loops below)
+    caller_filters constant boolean := coalesce(pg_catalog.cardinality(_search_vector.groups), 0) > 0
+        or _search_vector.category is not null
+        or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0;
     -- {q} stands for a query embedding: $8 (the only one), e.q (one index scan each) or $4[i]
     exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
     order_sql text;
@@ -228,10 +233,7 @@ begin
                          order by distance, u.id limit _search_vector.match_count) h
                  where 1 - h.distance >= _search_vector.min_similarity or i < cardinality(embeddings);
             end loop;
-            exit when attempt = 2
-                   or coalesce(pg_catalog.cardinality(_search_vector.groups), 0) > 0
-                   or _search_vector.category is not null
-                   or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0
+            exit when attempt = 2 or caller_filters
                    or coalesce(pg_catalog.cardinality(chunk_ids), 0) >= _search_vector.match_count
                    or ef_search >= 1000;
             -- the workers' ef_search too (set_config would widen the coordinator's alone)
@@ -277,10 +279,7 @@ begin
         -- one more scan, every other pays nothing (docs/scaling.md section 1). What the caller
         -- may read (visible_groups, row-level security) is no filter here: hnsw.max_scan_tuples
         -- bounds the scan
-        exit when attempt = 2
-               or coalesce(pg_catalog.cardinality(_search_vector.groups), 0) > 0
-               or _search_vector.category is not null
-               or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0
+        exit when attempt = 2 or caller_filters
                or coalesce(pg_catalog.cardinality(chunk_ids), 0) >= _search_vector.match_count
                or pg_catalog.current_setting('hnsw.ef_search')::integer >= 1000;
         perform pg_catalog.set_config('hnsw.ef_search', '1000', true);
