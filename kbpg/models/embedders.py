@@ -70,10 +70,6 @@ def to_pgvector_literal(vector: npt.NDArray[Any]) -> str:
     return "[" + ",".join(repr(float(np.float32(x))) for x in vector) + "]"
 
 
-# Word pieces per onnxruntime call (rows x longest row): bounds the model's working memory.
-_MAX_BATCH_TOKENS = 2048
-
-
 class _WordPieceCounter:
     """Counts all-MiniLM-L6-v2 word pieces ([CLS]/[SEP] included) with the vendored tokenizer."""
 
@@ -167,7 +163,7 @@ class MiniLMEmbedder(_WordPieceCounter):
         """Load tokenizer and model now (otherwise on first use)."""
         _ = self.tokenizer, self.session
 
-    def _encode_batch(self, texts: list[str]) -> FloatArray:
+    def _encode(self, texts: list[str]) -> FloatArray:
         encodings = self.tokenizer.encode_batch(texts)
         longest = max(len(e.ids) for e in encodings)
         if longest > self.max_tokens:
@@ -176,41 +172,33 @@ class MiniLMEmbedder(_WordPieceCounter):
                 f"{self.model_name}",
                 hint="chunk the text first (kbpg's chunker keeps chunks inside the window)",
             )
-        ids = np.zeros((len(texts), longest), dtype=np.int64)
-        mask = np.zeros((len(texts), longest), dtype=np.int64)
-        for row, encoding in enumerate(encodings):
-            ids[row, : len(encoding.ids)] = encoding.ids
-            mask[row, : len(encoding.ids)] = 1
-        # Activations grow with rows x length^2: a batch of 32 full windows peaked at 1.4 GB
-        # RSS, 8 at 0.5 GB at the same speed; short texts (queries) still go 32 at a time.
-        step = max(1, _MAX_BATCH_TOKENS // longest)
-        parts = []
+        # One text a model call: the int8 graph quantizes activations over the whole input, so
+        # in a batch a text's vector would depend on its neighbours and their padding (cosine
+        # down to .983); alone it depends on the text only, and costs no more (no padding).
+        pooled = np.empty((len(texts), self.dimension), dtype=np.float32)
         with self._lock:
-            for start in range(0, len(texts), step):
-                part = slice(start, start + step)
-                (out,) = self.session.run(
+            for row, encoding in enumerate(encodings):
+                ids = np.asarray([encoding.ids], dtype=np.int64)
+                (hidden,) = self.session.run(
                     ["last_hidden_state"],
                     {
-                        "input_ids": ids[part],
-                        "attention_mask": mask[part],
-                        "token_type_ids": np.zeros_like(ids[part]),
+                        "input_ids": ids,
+                        "attention_mask": np.ones_like(ids),
+                        "token_type_ids": np.zeros_like(ids),
                     },
                 )
-                parts.append(out)
-        hidden = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        weights = mask[:, :, None].astype(np.float32)
-        pooled = (hidden * weights).sum(axis=1) / np.clip(weights.sum(axis=1), 1e-9, None)
+                # mean pooling over the tokens (all of them: nothing is padding)
+                pooled[row] = hidden[0].mean(axis=0)
         return l2_normalise(pooled)
 
     def embed_documents(self, texts: Sequence[str]) -> FloatArray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
-        # Sorting by length keeps padding (wasted compute) small inside each batch.
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
         out = np.empty((len(texts), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            rows = order[start : start + self.batch_size]
-            out[rows] = self._encode_batch([texts[i] for i in rows])
+        for start in range(0, len(texts), self.batch_size):
+            out[start : start + self.batch_size] = self._encode(
+                list(texts[start : start + self.batch_size])
+            )
         return out
 
     def embed_query(self, text: str) -> FloatArray:

@@ -114,3 +114,12 @@ def test_the_cache_key_follows_the_source_model(tmp_path: Path) -> None:
     two.write_bytes(b"model two")
     assert int8_graph.cache_key(one) != int8_graph.cache_key(two)
     assert int8_graph.cache_key(one) == int8_graph.cache_key(one)
+
+
+def test_a_vector_depends_on_its_text_only_not_on_its_batch(cache: Path) -> None:
+    # activations are quantized per model call: kbpg calls the model one text at a time
+    minilm = MiniLMEmbedder(threads=1)
+    alone = minilm.embed_documents(["parking permit"])
+    beside_long = minilm.embed_documents(["parking permit", "renewal " * 200, "x"])
+    np.testing.assert_array_equal(beside_long[0], alone[0])
+    assert minilm.embed_queries(["x", "parking permit"])[1].tobytes() == alone[0].tobytes()
