@@ -123,3 +123,12 @@ def test_a_vector_depends_on_its_text_only_not_on_its_batch(cache: Path) -> None
     beside_long = minilm.embed_documents(["parking permit", "renewal " * 200, "x"])
     np.testing.assert_array_equal(beside_long[0], alone[0])
     assert minilm.embed_queries(["x", "parking permit"])[1].tobytes() == alone[0].tobytes()
+
+
+def test_queries_on_one_thread_embed_exactly_as_passages_on_two(cache: Path) -> None:
+    # queries run on a one-thread model (less CPU a search), passages on `threads`: the int8
+    # products accumulate in integers, so the split over threads changes no bit
+    minilm = MiniLMEmbedder(threads=2)
+    texts = ["parking permit renewal for residents", "x", "library " * 100]
+    assert minilm.query_session is not minilm.session
+    np.testing.assert_array_equal(minilm.embed_queries(texts), minilm.embed_documents(texts))
