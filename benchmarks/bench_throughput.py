@@ -393,9 +393,7 @@ def kbpg_server(
     # run from the server's own home: `python -c` puts the working directory first on
     # sys.path, so from the repository's root REV's server imported the working tree's kbpg
     with open(log_path, "w") as err:
-        proc = subprocess.Popen(
-            argv, env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=err
-        )
+        proc = subprocess.Popen(argv, env=env, cwd=home, stdout=subprocess.DEVNULL, stderr=err)
     try:
         wait_for(port, proc)
         yield port, proc.pid

@@ -125,10 +125,11 @@ def test_a_vector_depends_on_its_text_only_not_on_its_batch(cache: Path) -> None
     assert minilm.embed_queries(["x", "parking permit"])[1].tobytes() == alone[0].tobytes()
 
 
-def test_queries_on_one_thread_embed_exactly_as_passages_on_two(cache: Path) -> None:
-    # queries run on a one-thread model (less CPU a search), passages on `threads`: the int8
-    # products accumulate in integers, so the split over threads changes no bit
+def test_passages_spread_over_threads_embed_exactly_as_queries(cache: Path) -> None:
+    # passages run as `threads` one-thread calls at once, a query on the caller's thread: the
+    # same model and the same bits, whichever lane a text took
     minilm = MiniLMEmbedder(threads=2)
-    texts = ["parking permit renewal for residents", "x", "library " * 100]
-    assert minilm.query_session is not minilm.session
-    np.testing.assert_array_equal(minilm.embed_queries(texts), minilm.embed_documents(texts))
+    texts = ["parking permit renewal for residents", "x", "library " * 100, "opening hours"] * 3
+    passages = minilm.embed_documents(texts)
+    np.testing.assert_array_equal(passages, minilm.embed_queries(texts))
+    np.testing.assert_array_equal(passages[:4], passages[4:8])

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -55,7 +56,16 @@ def test_queries_waiting_for_a_busy_model_share_its_next_call(
         results[i] = batcher.embed(QUERIES[i])
 
     threads = [threading.Thread(target=search, args=(i,)) for i in range(len(QUERIES))]
-    with embedder._lock:  # the model is busy: the first query's call waits for it
+    model = embedder.session
+    free = threading.Event()
+
+    class BusyModel:  # the model is busy: the first query's call waits until `free`
+        def run(self, *args: Any, **kwargs: Any) -> Any:
+            free.wait(timeout=60)
+            return model.run(*args, **kwargs)
+
+    embedder.__dict__["session"] = BusyModel()
+    try:
         threads[0].start()
         while not (batcher._busy and not batcher._waiting):  # it took its query
             time.sleep(0.001)
@@ -64,8 +74,11 @@ def test_queries_waiting_for_a_busy_model_share_its_next_call(
         deadline = time.monotonic() + 30
         while len(batcher._waiting) < len(QUERIES) - 1 and time.monotonic() < deadline:
             time.sleep(0.001)
-    for thread in threads:
-        thread.join(timeout=60)
+        free.set()
+        for thread in threads:
+            thread.join(timeout=60)
+    finally:
+        embedder.__dict__["session"] = model
 
     # the first query alone, the seven that gathered meanwhile in one call
     assert batches.sizes == [1, len(QUERIES) - 1]
