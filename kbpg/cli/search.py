@@ -230,9 +230,10 @@ def mcp(app: AppContext, embedder_name: str | None) -> None:
 @click.option(
     "--pool-size",
     type=click.IntRange(2, 100),
-    default=8,
-    show_default=True,
-    help="Database connections shared by the request threads.",
+    default=None,
+    help="Database connections shared by the request threads (searches run at once; the rest "
+    "wait up to KBPG_POOL_TIMEOUT). Default: this machine's cores, at least 2: PostgreSQL "
+    "on the same cores runs its searches best at that; give a server elsewhere its own cores.",
 )
 @click.option(
     "--allowed-host",
@@ -284,7 +285,7 @@ def serve(
     app: AppContext,
     host: str,
     port: int,
-    pool_size: int,
+    pool_size: int | None,
     allowed_hosts: tuple[str, ...],
     tokens_file: Path | None,
     source_root: Path | None,

@@ -4,6 +4,7 @@ its token rules), /readyz (busy, down, unmigrated), /healthz, and JSON logs."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Callable, Iterator
@@ -240,6 +241,17 @@ def test_json_log_has_a_line_per_request(db_url: str, embedder: Embedder, tmp_pa
     assert any(
         e["logger"] == "uvicorn.error" and "Uvicorn running" in e["message"] for e in entries
     )
+
+
+@pytest.mark.parametrize("given", [None, 5])
+def test_serve_sizes_its_pool_to_the_cores_unless_told(
+    db_url: str, tmp_path: Path, given: int | None
+) -> None:
+    env = env_for(db_url, tmp_path / "home")
+    extra = ("--pool-size", str(given)) if given else ()
+    with running_server(env, tmp_path / "serve.log", *extra) as api:
+        size = value(scrape(api), "kbpg_pool_max_connections", database="primary")
+    assert size == (given or max(2, len(os.sched_getaffinity(0))))
 
 
 # -- a long ingest ----------------------------------------------------------------------------
