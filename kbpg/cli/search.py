@@ -232,7 +232,7 @@ def mcp(app: AppContext, embedder_name: str | None) -> None:
     type=click.IntRange(2, 100),
     default=None,
     help="Database connections shared by the request threads (searches run at once; the rest "
-    "wait up to KBPG_POOL_TIMEOUT). Default: this machine's cores, at least 2: PostgreSQL "
+    "wait up to KBPG_POOL_TIMEOUT). Default: this machine's cores plus one: PostgreSQL "
     "on the same cores runs its searches best at that; give a server elsewhere its own cores.",
 )
 @click.option(

@@ -444,16 +444,17 @@ def _printable(value: Any) -> Any:
 
 
 def default_pool_size() -> int:
-    """The cores this process may run on, at least 2. Searches beyond the cores only queue
-    inside PostgreSQL, where they evict each other's caches: at 8 clients on 2 cores (200k
-    chunks, kbpg serve with PostgreSQL on the same cores) a pool of 2 served 69-73 searches/s
-    at p95 133-137 ms, the former default of 8 61-69 at p95 175-198 ms, PostgreSQL spending
-    16.6-17.6 against 19.2-21.1 ms of CPU a search."""
+    """The cores this process may run on, plus one. Searches beyond that only queue inside
+    PostgreSQL, where they evict each other's caches; one more than the cores keeps them busy
+    while a search is between statements. At 8 clients on 2 cores (200k chunks, kbpg serve
+    with PostgreSQL on the same cores; 02-12-2026, two runs of two rounds): a pool of 3 served
+    74-77 searches/s at p95 130-139 ms, 2 69-73 at 132-137, 4 65-85 at 131-158, the former
+    default of 8 61-69 at 175-198 (PostgreSQL 19.2-21.1 ms of CPU a search, 16.6-17.6 with 2)."""
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
-        cores = os.cpu_count() or 2
-    return max(2, cores)
+        cores = os.cpu_count() or 1
+    return cores + 1
 
 
 def serve(
