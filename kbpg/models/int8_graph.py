@@ -6,8 +6,8 @@ reading 44 MB of weights a call. Dynamic quantization (onnxruntime's `quantize_d
 int8 per output channel, activations uint8 per call) turns the products into
 `DynamicQuantizeMatMul`, which the CPU runs with its int8 dot-product instructions (VNNI).
 Measured on this machine, one thread: a 4-token query 2.3 -> 1.0 ms, 16 tokens 5.3 -> 2.1 ms,
-NPL abstracts 1.7x faster (one call of two threads each); vectors at cosine .994 (mean) / .982 (min) of the fp32 ones,
-NPL nDCG@10 of exact vector search .4336 against .4347 (93 questions, paired t = -0.17), and
+NPL abstracts 1.7x faster (one call of two threads each); vectors at cosine .994 (mean) /
+.982 (min) of the fp32 ones, NPL nDCG@10 of exact vector search .4336 against .4347 (93 questions, paired t = -0.17), and
 .4315 mixing the two (vectors stored by the fp32 graph, queries by this one: t = -0.65), so a
 knowledge base embedded before keeps working. Activations are quantized over a call's whole
 input, so kbpg's embedder calls the model one text at a time (see MiniLMEmbedder).
