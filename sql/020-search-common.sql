@@ -40,6 +40,26 @@ comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], t
     'visible_groups; none when NULL) to a kb.chunks alias; only the filters actually given '
     'appear, so the planner sees a plain indexable predicate.';
 
+create or replace function kb._group_masks_serve(
+    filter_groups text[],
+    filter_category text,
+    filter_labels text[]
+)
+returns boolean
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body (kb.lexical_state is a Citus reference table: see sql/080)
+as $$
+    select coalesce(cardinality(filter_groups), 0) > 0 and filter_category is null
+           and coalesce(cardinality(filter_labels), 0) = 0 and not kb._distributed()
+           and coalesce((select l.group_masks from kb.lexical_state l), false)
+$$;
+comment on function kb._group_masks_serve(text[], text, text[]) is
+    'Whether kb.lexical_group_masks serves these filters: groups alone, on a single server, '
+    'with the bitmaps covering the impact cache (sql/045).';
+
 create or replace function kb._filtered_rows_estimate(
     filter_groups text[],
     filter_category text,
@@ -68,7 +88,20 @@ declare
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', '$4', filter_groups, filter_category, filter_labels, visible_groups);
     sampled bigint;
+    state kb.lexical_state;
 begin
+    -- groups alone: the chunks' bits in the groups' stored bitmaps (sql/045), when every chunk
+    -- is in the cache (the bitmaps cover the chunks up to its watermark); 0.2 ms, not a sample
+    if visible_groups is null and kb._group_masks_serve(filter_groups, filter_category, filter_labels) then
+        select * into state from kb.lexical_state;
+        if not exists (select 1 from kb.chunks c where c.id > state.watermark) then
+            return (select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0)
+                      from (select pg_catalog.bit_or(g.kept) as kept
+                              from kb.lexical_group_masks g
+                             where g.group_name = any (filter_groups)
+                             group by g.block_no) m);
+        end if;
+    end if;
     if kb._distributed() then
         -- the coordinator's kb.chunks is an empty shell (size 0: a sample of 100%, every row
         -- read); its shards' sizes would take a command to every worker, so the pages are

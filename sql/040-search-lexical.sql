@@ -21,7 +21,7 @@
 --
 -- Helpers (internal, kb._*): _lexical_threshold searches theta over the block sums (one probe
 -- loop, on a sample of blocks or all); _lexical_candidates reads the chunk ids above theta off
--- the bits; _filled_vector builds a vector of one value (theta's, a filter's penalty).
+-- the bits; _filled_vector builds a vector of one value (theta's).
 
 create or replace function kb._filled_vector(fill real, dims integer)
 returns @extschema:vector@.vector
@@ -63,6 +63,7 @@ create or replace function kb._lexical_threshold(
     max_probes integer,
     min_width double precision,
     keep_bits boolean,
+    masks varbit[],
     out theta double precision,
     out theta_count bigint,
     out bits varbit[]
@@ -105,6 +106,9 @@ begin
         probe_bits := '{}';
         for j in 1..cardinality(block_scores) by stride loop
             block_bits := @extschema:vector@.binary_quantize(block_scores[j] operator(@extschema:vector@.-) theta_vec);
+            if masks is not null then
+                block_bits := block_bits & masks[j];
+            end if;
             probe_count := probe_count + pg_catalog.bit_count(block_bits);
             if keep_bits then
                 probe_bits := probe_bits || block_bits;
@@ -126,16 +130,27 @@ begin
     end loop;
     theta := lo;
     theta_count := lo_count;
+    if keep_bits and lo_bits is null then
+        -- theta 0: every cached match (read in place, as above)
+        lo_bits := '{}';
+        for j in 1..cardinality(block_scores) loop
+            block_bits := @extschema:vector@.binary_quantize(block_scores[j]);
+            if masks is not null then
+                block_bits := block_bits & masks[j];
+            end if;
+            lo_bits := lo_bits || block_bits;
+        end loop;
+    end if;
     if keep_bits then
-        bits := coalesce(lo_bits, (select array_agg(@extschema:vector@.binary_quantize(u.s) order by u.i)
-                                     from pg_catalog.unnest(block_scores) with ordinality as u(s, i)));
+        bits := lo_bits;
     end if;
 end
 $$;
-comment on function kb._lexical_threshold(@extschema:vector@.vector[], integer, integer, bigint, double precision, bigint, double precision, bigint, bigint, double precision, bigint, integer, double precision, boolean) is
+comment on function kb._lexical_threshold(@extschema:vector@.vector[], integer, integer, bigint, double precision, bigint, double precision, bigint, bigint, double precision, bigint, integer, double precision, boolean, varbit[]) is
     'Threshold search over the lexical arm''s block sums: the highest probed theta whose count of '
     'cached scores above it reaches floor_count (0 if none), stopping once a count is at most '
-    'accept_count; stride > 1 probes a sample of the blocks. keep_bits: also the bits above theta.';
+    'accept_count; stride > 1 probes a sample of the blocks; masks (NULL: none): per block, the '
+    'chunks counted. keep_bits: also the bits above theta.';
 
 create or replace function kb._lexical_candidates(
     block_nos integer[],
@@ -240,7 +255,8 @@ declare
     estimated_rows bigint;
     masked boolean := false;
     mask_nos integer[];
-    penalties @extschema:vector@.vector[];
+    mask_bits varbit[];
+    block_masks varbit[];
     block record;
     block_nos integer[];
     block_scores @extschema:vector@.vector[];
@@ -352,60 +368,72 @@ begin
         filtered_limit := coalesce(
             kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
             greatest(exhaustive_limit, 5000));
-        -- up to 5% of the chunks (at least 20,000): a penalty per block, 0 where the filter
-        -- keeps the chunk and 1e9 where it drops it, subtracted from the block sums, so the
-        -- threshold search sees only the kept chunks (every other sum is negative) and the
-        -- cache serves a 1% filter as fast as no filter (without it, 99 in 100 cached
-        -- candidates were rescored only to be filtered out: 100-300 ms at 1M chunks); built
-        -- as 1e9 everywhere minus a sparsevec of 1e9 at the kept chunks (its text in any
-        -- order: pgvector sorts the indices), both exact in float32, so a kept chunk's sum is
-        -- unchanged; a subtraction, as pgvector's multiplication checks every product for
-        -- underflow (96 us a block against 10)
+        -- up to 5% of the chunks (at least 20,000): a mask per block, a bit per chunk set where
+        -- the filter keeps it, ANDed into the bits the threshold search counts and reads the
+        -- candidates from, so that it sees only the kept chunks and the cache serves a 1%
+        -- filter as fast as no filter (without it, 99 in 100 cached candidates were rescored
+        -- only to be filtered out: 100-300 ms at 1M chunks)
         mask_limit := coalesce(
             kb._tuning('kb.lexical_mask_limit', 0, 200000),
             greatest(20000, n_chunks / 20));
-        -- the filtered chunks' ids when the caller read them (kb.search, from the vector arm's
-        -- exact path): counted, and the mask built from them, without reading them again
-        if _search_lexical.filtered_ids is not null then
-            filtered_rows := cardinality(_search_lexical.filtered_ids);
-            estimated_rows := filtered_rows;
-        else
-            estimated_rows := kb._filtered_rows_estimate(_search_lexical.groups, _search_lexical.category,
-                                                         _search_lexical.labels, null);
-        end if;
-        -- few (scored directly, below) or many (an unselective filter hides few candidates:
-        -- the loop below copes): counted up to filtered_limit
-        if filtered_rows is null
-           and (estimated_rows < 2 * filtered_limit or estimated_rows > 2 * mask_limit) then
-            execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
-                           filter_sql, filtered_limit)
-               into filtered_rows
-              using _search_lexical.groups, _search_lexical.category, _search_lexical.labels;
-        end if;
-        -- in between: the mask, which also counts them
-        if coalesce(filtered_rows, filtered_limit) >= filtered_limit
-           and (case when _search_lexical.filtered_ids is null then estimated_rows <= 2 * mask_limit
-                     else filtered_rows < mask_limit end) then
-            execute format(
-                'select coalesce(pg_catalog.sum(m.n), 0)::bigint, '
-                '       pg_catalog.array_agg(m.block_no order by m.block_no), '
-                '       pg_catalog.array_agg($5 operator(@extschema:vector@.-) m.kept order by m.block_no) '
-                '  from (select (f.id operator(pg_catalog./) $4)::integer as block_no, '
-                '               pg_catalog.count(*) as n, '
-                '               (''{'' operator(pg_catalog.||) pg_catalog.string_agg( '
-                '                   ((f.id operator(pg_catalog.%%) $4) operator(pg_catalog.+) 1)::text '
-                '                   operator(pg_catalog.||) '':1e9'', '','') '
-                '                operator(pg_catalog.||) ''}/'' operator(pg_catalog.||) $4::text)'
-                '                   ::@extschema:vector@.sparsevec::@extschema:vector@.vector as kept '
-                '          from %s f(id) group by 1) m',
-                case when _search_lexical.filtered_ids is null
-                     then format('(select c.id from kb.chunks c where %s limit %s)', filter_sql, mask_limit)
-                     else 'pg_catalog.unnest($6)' end)
-               into filtered_rows, mask_nos, penalties
-              using _search_lexical.groups, _search_lexical.category, _search_lexical.labels,
-                    state.block_size::bigint, kb._filled_vector(1e9, state.block_size),
-                    _search_lexical.filtered_ids;
+        if kb._group_masks_serve(_search_lexical.groups, _search_lexical.category,
+                                 _search_lexical.labels) then
+            -- groups alone: their stored bitmaps (kb.lexical_group_masks, kept by the refresh),
+            -- ORed per block, are the mask and count the filtered chunks the cache holds (the
+            -- mask built below from the chunks' ids cost 9.6 ms of a 74 ms search at 1M chunks)
+            select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0),
+                   pg_catalog.array_agg(m.block_no order by m.block_no),
+                   pg_catalog.array_agg(m.kept order by m.block_no)
+              into filtered_rows, mask_nos, mask_bits
+              from (select g.block_no, pg_catalog.bit_or(g.kept) as kept
+                      from kb.lexical_group_masks g
+                     where g.group_name = any (_search_lexical.groups)
+                     group by g.block_no) m;
             masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
+        else
+            -- the filtered chunks' ids when the caller read them (kb.search, from the vector
+            -- arm's exact path): counted, and the mask built from them, without reading them again
+            if _search_lexical.filtered_ids is not null then
+                filtered_rows := cardinality(_search_lexical.filtered_ids);
+                estimated_rows := filtered_rows;
+            else
+                estimated_rows := kb._filtered_rows_estimate(_search_lexical.groups, _search_lexical.category,
+                                                             _search_lexical.labels, null);
+            end if;
+            -- few (scored directly, below) or many (an unselective filter hides few candidates:
+            -- the loop below copes): counted up to filtered_limit
+            if filtered_rows is null
+               and (estimated_rows < 2 * filtered_limit or estimated_rows > 2 * mask_limit) then
+                execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
+                               filter_sql, filtered_limit)
+                   into filtered_rows
+                  using _search_lexical.groups, _search_lexical.category, _search_lexical.labels;
+            end if;
+            -- in between: the mask, which also counts them: per block a sparsevec of 1 at the
+            -- kept chunks (its text in any order: pgvector sorts the indices), its bits
+            if coalesce(filtered_rows, filtered_limit) >= filtered_limit
+               and (case when _search_lexical.filtered_ids is null then estimated_rows <= 2 * mask_limit
+                         else filtered_rows < mask_limit end) then
+                execute format(
+                    'select coalesce(pg_catalog.sum(m.n), 0)::bigint, '
+                    '       pg_catalog.array_agg(m.block_no order by m.block_no), '
+                    '       pg_catalog.array_agg(@extschema:vector@.binary_quantize(m.kept) order by m.block_no) '
+                    '  from (select (f.id operator(pg_catalog./) $4)::integer as block_no, '
+                    '               pg_catalog.count(*) as n, '
+                    '               (''{'' operator(pg_catalog.||) pg_catalog.string_agg( '
+                    '                   ((f.id operator(pg_catalog.%%) $4) operator(pg_catalog.+) 1)::text '
+                    '                   operator(pg_catalog.||) '':1'', '','') '
+                    '                operator(pg_catalog.||) ''}/'' operator(pg_catalog.||) $4::text)'
+                    '                   ::@extschema:vector@.sparsevec::@extschema:vector@.vector as kept '
+                    '          from %s f(id) group by 1) m',
+                    case when _search_lexical.filtered_ids is null
+                         then format('(select c.id from kb.chunks c where %s limit %s)', filter_sql, mask_limit)
+                         else 'pg_catalog.unnest($5)' end)
+                   into filtered_rows, mask_nos, mask_bits
+                  using _search_lexical.groups, _search_lexical.category, _search_lexical.labels,
+                        state.block_size::bigint, _search_lexical.filtered_ids;
+                masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
+            end if;
         end if;
         exhaustive := filtered_rows < filtered_limit;
         filter_first := filtered_rows < df_total;
@@ -456,6 +484,7 @@ begin
         -- idf_ratio bounds how much the live idf outgrew the cached one
         block_nos := '{}';
         block_scores := '{}';
+        block_masks := case when masked then '{}'::varbit[] end;
         for block in
             select b.block_no,
                    @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
@@ -475,10 +504,10 @@ begin
              order by b.block_no
         loop
             block_nos[cardinality(block_nos) + 1] := block.block_no;
-            -- masked: negative where the filters drop the chunk
-            block_scores[cardinality(block_scores) + 1] := case when masked
-                then block.scores operator(@extschema:vector@.-) penalties[pg_catalog.array_position(mask_nos, block.block_no)]
-                else block.scores end;
+            block_scores[cardinality(block_scores) + 1] := block.scores;
+            if masked then
+                block_masks[cardinality(block_masks) + 1] := mask_bits[pg_catalog.array_position(mask_nos, block.block_no)];
+            end if;
             idf_ratio := greatest(idf_ratio, block.ratio);
         end loop;
         idf_ratio := coalesce(idf_ratio, 1);
@@ -501,7 +530,7 @@ begin
                                 / greatest(2, pg_catalog.ceil(0.15 * cardinality(block_scores))))::integer,
                 n_chunks, hi, hi_count, target => 2.0 * need, floor_count => 3 * need / 2,
                 accept_count => 3 * need, guess => null, guess_accept => null, max_probes => 12,
-                min_width => 0, keep_bits => false);
+                min_width => 0, keep_bits => false, masks => block_masks);
             guess := nullif(probe.theta, 0);  -- the highest theta whose estimated count reached need
         end if;
 
@@ -517,7 +546,7 @@ begin
                 -- too few chunks in all to be worth a threshold: theta 0, every cached match
                 max_probes => case when n_chunks <= need + slack or cardinality(block_scores) = 0
                                    then 0 else 30 end,
-                min_width => 1e-9 * hi_start, keep_bits => true);
+                min_width => 1e-9 * hi_start, keep_bits => true, masks => block_masks);
             guess := null;
 
             -- only the best keep_count cached candidates are rescored: theta rises to the best

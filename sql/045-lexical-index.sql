@@ -1,5 +1,35 @@
 -- kbpg: the lexical arm's impact cache (kb.lexical_blocks, read by sql/040) brought up to date.
 
+create or replace function kb._refresh_group_masks(block integer, block_size integer)
+returns void
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body: a SQL-standard one would depend on kb.chunks, which Citus then could not
+-- distribute (see sql/080)
+as $$
+    delete from kb.lexical_group_masks m where m.block_no = $1;
+    -- a group's bits: its chunks' offsets in the block (from 1) as runs of '0' each ended by
+    -- a '1', padded with '0' to the block's size
+    insert into kb.lexical_group_masks (group_name, block_no, kept)
+    select x.group_name, $1,
+           (pg_catalog.string_agg(pg_catalog.repeat('0', (x.offset_no - x.previous - 1)::integer) || '1', ''
+                                  order by x.offset_no)
+            || pg_catalog.repeat('0', ($2 - pg_catalog.max(x.offset_no))::integer))::varbit
+      from (select c.group_name, c.id - $1::bigint * $2 + 1 as offset_no,
+                   coalesce(pg_catalog.lag(c.id) over (partition by c.group_name order by c.id)
+                            - $1::bigint * $2 + 1, 0) as previous
+              from (select distinct c.id, u.group_name  -- a group listed twice is one bit
+                      from kb.chunks c
+                     cross join pg_catalog.unnest(c.groups) as u(group_name)
+                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2) c) x
+     group by x.group_name;
+$$;
+comment on function kb._refresh_group_masks(integer, integer) is
+    'Rewrite one block''s rows of kb.lexical_group_masks from kb.chunks. Internal to '
+    'kb.refresh_lexical_index.';
+
 create or replace function kb.refresh_lexical_index(full_rebuild boolean default false)
 returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, avgdl double precision)
 language plpgsql
@@ -22,6 +52,9 @@ declare
     distributed constant boolean := kb._distributed();
     stats record;
     truncated boolean := false;
+    -- the group filter's bitmaps (kb.lexical_group_masks), single server only: with the
+    -- blocks rebuilt, and for every block when they do not cover the cache yet
+    masks_missing boolean;
 begin
     -- writers wait while the cache is rebuilt, so the new watermark covers every visible chunk
     lock table kb.chunks in share mode;
@@ -45,6 +78,7 @@ begin
        or pg_catalog.abs(live_avgdl / state.avgdl - 1) > 0.05 then
         -- impacts drift with the average length: past 5% rebuild them all with the live one
         delete from kb.lexical_blocks;
+        delete from kb.lexical_group_masks;
         use_avgdl := live_avgdl;
         select coalesce(array_agg(g order by g), '{}') into rebuild
           from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
@@ -84,6 +118,13 @@ begin
         create unique index on pg_temp.kbpg_idf (lexeme);
         analyze pg_temp.kbpg_idf;
     end if;
+    masks_missing := not distributed and not state.group_masks;
+    if masks_missing then
+        delete from kb.lexical_group_masks;
+        for b in 0..(max_id / state.block_size)::integer loop
+            perform kb._refresh_group_masks(b, state.block_size);
+        end loop;
+    end if;
     foreach b in array rebuild loop
         delete from kb.lexical_blocks lb where lb.block_no = b;
         if distributed then
@@ -122,11 +163,14 @@ begin
                   from kb.lexeme_stats s) l on l.lexeme = u.lexeme
          where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size
          group by u.lexeme, l.idf, 3;
+        if not masks_missing then
+            perform kb._refresh_group_masks(b, state.block_size);
+        end if;
     end loop;
 
     update kb.lexical_state s
        set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now(),
-           split_by_groups = split;
+           split_by_groups = split, group_masks = not distributed;
     delete from kb.lexical_pending;
     delete from kb.lexical_dirty_blocks;
     return query select coalesce(cardinality(rebuild), 0), n_chunks, max_id, use_avgdl;

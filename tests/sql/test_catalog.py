@@ -58,10 +58,13 @@ EXPECTED_VOLATILITY = {
     "kb._bm25_rank(text[],double precision[],double precision,tsquery,bigint[],integer,text[],"
     "text,text[],boolean,text[])": "s",
     "kb._lexical_threshold(vector[],integer,integer,bigint,double precision,bigint,"
-    "double precision,bigint,bigint,double precision,bigint,integer,double precision,boolean)": "i",
+    "double precision,bigint,bigint,double precision,bigint,integer,double precision,boolean,"
+    "bit varying[])": "i",
     "kb._lexical_candidates(integer[],bit varying[],vector[],integer,bigint,double precision)": "i",
     "kb.search_lexical(text,integer,text[],text,text[])": "s",
     "kb.refresh_lexical_index(boolean)": "v",
+    "kb._refresh_group_masks(integer,integer)": "v",
+    "kb._group_masks_serve(text[],text,text[])": "s",
     "kb.expand_graph(bigint[],integer,integer,double precision,text[],text,text[])": "s",
     "kb._expand_graph(bigint[],integer,integer,double precision,text[],text,text[],text[])": "s",
     "kb._access_caller()": "s",

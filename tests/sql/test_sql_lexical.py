@@ -10,6 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from kbpg.store import db as kdb
 from tests.sqldata import add_chunk, add_doc, function_calls, ids
 
 K1, B = 1.2, 0.75
@@ -488,3 +489,101 @@ def test_tsvector_and_token_count_follow_the_text(conn: psycopg.Connection[Any])
     assert copied is not None
     tsv, count, expected_tsv, expected_count = text_search_columns(conn, copied[0])
     assert (tsv, count) == (expected_tsv, expected_count) == ("'bin':1B 'collect':3B 'week':4B", 3)
+
+
+def stored_masks(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], str]:
+    rows = conn.execute("select group_name, block_no, kept::text from kb.lexical_group_masks")
+    return {(group, block): bits for group, block, bits in rows}
+
+
+def expected_masks(conn: psycopg.Connection[Any], block_size: int) -> dict[tuple[str, int], str]:
+    """Per group and block, a bit per chunk id of the block, set where the chunk holds it."""
+    masks: dict[tuple[str, int], list[str]] = {}
+    for cid, groups in conn.execute("select id, groups from kb.chunks"):
+        for group in set(groups):
+            bits = masks.setdefault((group, cid // block_size), ["0"] * block_size)
+            bits[cid % block_size] = "1"
+    return {key: "".join(bits) for key, bits in masks.items()}
+
+
+def test_group_masks_follow_the_chunks_groups(conn):
+    """The group filter's stored bitmaps (kb.lexical_group_masks) hold each group's chunks of
+    each block of the cache, through a groups UPDATE in place, deletions and refreshes; the
+    filtered search stays exact on them, and they count the filter's rows for the vector arm."""
+    rng = random.Random(21)
+    vocab = zipf_vocabulary(300, rng)
+    weights = [1 / (r + 1) for r in range(len(vocab))]
+    docs = [
+        add_doc(conn, f"m{i}", groups=[["red"], ["blue"], ["red", "green"], []][i % 4])
+        for i in range(40)
+    ]
+    for i in range(1200):
+        add_chunk(conn, docs[i % 40], random_text(vocab, weights, rng, 8, 40))
+    # a group listed twice (another writer's SQL; ingest dedupes) is one bit
+    conn.execute(
+        "update kb.chunks set groups = '{green,green}' where id = (select min(id) from kb.chunks)"
+    )
+    conn.execute("update kb.lexical_state set block_size = 100")
+    conn.execute("select kb.refresh_lexical_index()")
+    assert conn.execute("select group_masks from kb.lexical_state").fetchone() == (True,)
+    assert stored_masks(conn) == expected_masks(conn, 100)
+    counted = conn.execute(
+        "select count(*) from kb.chunks where groups && '{green,blue}'"
+    ).fetchone()
+    estimate = conn.execute(
+        "select kb._filtered_rows_estimate('{green,blue}', null, null, null)"
+    ).fetchone()
+    assert estimate == counted
+    queries = [vocab[0], f"{vocab[1]} {vocab[4]}", f"{vocab[0]} {vocab[40]} {vocab[200]}"]
+    # the bitmaps are the mask: no estimate, count or mask built from the chunks
+    set_exhaustive_limit(conn, 0)
+    before = function_calls(conn, "_filtered_rows_estimate")
+    assert rescoring_rounds(conn, queries[0], groups=["green"]) == 1
+    assert function_calls(conn, "_filtered_rows_estimate") == before
+    assert_matches_reference(conn, queries, groups=["green"])
+    assert_matches_reference(conn, queries[:2], groups=["green", "blue"])
+
+    # chunks moved into "green" in place: pending (scored exactly) until the refresh, whose
+    # bitmaps then hold them
+    moved = [
+        r[0]
+        for r in conn.execute(
+            "update kb.chunks set groups = '{green}' where id in (select id from kb.chunks"
+            " where groups = '{blue}' order by id limit 30) returning id"
+        )
+    ]
+    pending = {r[0] for r in conn.execute("select chunk_id from kb.lexical_pending")}
+    assert set(moved) <= pending
+    assert_matches_reference(conn, queries, groups=["green"])
+    conn.execute("delete from kb.chunks where id % 5 = 0")
+    conn.execute("select kb.refresh_lexical_index()")
+    assert stored_masks(conn) == expected_masks(conn, 100)
+    assert_matches_reference(conn, queries, groups=["green"])
+
+
+def test_group_masks_are_built_for_a_cache_from_before_them(new_database):
+    """A knowledge base migrated from 0017 has a cache but no bitmaps: its group filter uses
+    the per-query mask until the next refresh builds them, without rebuilding the impacts.
+    (The cache is built at head, then the schema taken down to 0017 and up again: 0018's
+    upgrade on a knowledge base with a cache.)"""
+    url = new_database()
+    with psycopg.connect(url, autocommit=True) as conn:
+        rng = random.Random(5)
+        vocab = zipf_vocabulary(200, rng)
+        weights = [1 / (r + 1) for r in range(len(vocab))]
+        docs = [add_doc(conn, f"o{i}", groups=["team" if i % 3 == 0 else "all"]) for i in range(30)]
+        for i in range(600):
+            add_chunk(conn, docs[i % 30], random_text(vocab, weights, rng, 8, 30))
+        conn.execute("update kb.lexical_state set block_size = 100")
+        conn.execute("select kb.refresh_lexical_index()")
+    kdb.downgrade(url, "0017")
+    kdb.upgrade(url)
+    with psycopg.connect(url) as conn:
+        assert conn.execute("select group_masks from kb.lexical_state").fetchone() == (False,)
+        assert conn.execute("select count(*) from kb.lexical_group_masks").fetchone() == (0,)
+        assert_matches_reference(conn, [vocab[0], f"{vocab[2]} {vocab[9]}"], groups=["team"])
+        rebuilt = conn.execute("select blocks_rebuilt from kb.refresh_lexical_index()").fetchone()
+        assert rebuilt == (0,)
+        assert conn.execute("select group_masks from kb.lexical_state").fetchone() == (True,)
+        assert stored_masks(conn) == expected_masks(conn, 100)
+        assert_matches_reference(conn, [vocab[0], f"{vocab[2]} {vocab[9]}"], groups=["team"])
