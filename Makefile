@@ -32,11 +32,16 @@ browser: ## Debian's chromium + chromedriver for the search page's browser test 
 		$$sudo_cmd apt-get install -y --no-install-recommends chromium chromium-driver; \
 	fi
 
+# -n auto: a worker per core, each with its own embedded PostgreSQL (the session fixtures);
+# loadscope keeps a module on one worker, so a module-scoped fixture (a quality gate's ingest)
+# runs once
+PYTEST := $(BIN)/pytest -q -n auto --dist loadscope
+
 test: $(STAMP) browser ## run the whole test suite against a real PostgreSQL (what CI runs)
-	$(BIN)/pytest -q --durations=30
+	$(PYTEST) --durations=30
 
 test-fast: $(STAMP) ## the suite without the NPL quality gate
-	$(BIN)/pytest -q -m "not slow"
+	$(PYTEST) -m "not slow"
 
 lint: $(STAMP) ## ruff lint + format check + the import contracts (layers, no cycles)
 	$(BIN)/ruff check kbpg tests benchmarks migrations

@@ -33,7 +33,29 @@ if TYPE_CHECKING:
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 NPL_DIR = Path(os.environ.get("KBPG_NPL_DIR", REPO_ROOT.parent / "shared" / "ir" / "npl"))
-TEMPLATE_DB = "kbpg_template"
+# one per pytest-xdist worker (PYTEST_XDIST_WORKER: gw0, gw1, ...), should workers share a server
+TEMPLATE_DB = "kbpg_template" + os.environ.get("PYTEST_XDIST_WORKER", "").replace("gw", "_")
+
+# The quality gates' tables, printed in pytest's terminal summary (visible under -q): a gate
+# records (title, lines) as a test property of this name; properties travel with each test's
+# report, so the summary is complete when pytest-xdist runs the tests in worker processes.
+QUALITY_SUMMARY = "kbpg quality summary"
+_summaries: dict[str, list[str]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for name, value in report.user_properties:
+        if name == QUALITY_SUMMARY:
+            title, lines = value
+            kept = _summaries.setdefault(title, [])
+            kept.extend(line for line in lines if line not in kept)
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    for title, lines in _summaries.items():
+        terminalreporter.write_sep("=", title)
+        for line in lines:
+            terminalreporter.write_line(line)
 
 
 def with_database(url: str, dbname: str) -> str:

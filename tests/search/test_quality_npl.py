@@ -13,6 +13,7 @@ import pytest
 
 from kbpg import evaluate as ev
 from kbpg.store import db as kdb
+from tests.conftest import QUALITY_SUMMARY
 
 pytestmark = pytest.mark.slow
 
@@ -90,18 +91,6 @@ class NplResults:
     wall_s: float
 
 
-class _Summary:
-    """Prints the metric table in pytest's terminal summary, visible under `pytest -q`."""
-
-    def __init__(self, lines: list[str]) -> None:
-        self.lines = lines
-
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_sep("=", "NPL quality gate (kbpg eval)")
-        for line in self.lines:
-            terminalreporter.write_line(line)
-
-
 def _table(results: NplResults) -> list[str]:
     rows = {**results.report.metrics, **results.references}
     names = list(next(iter(rows.values())))
@@ -119,7 +108,7 @@ def _table(results: NplResults) -> list[str]:
 
 
 @pytest.fixture(scope="module")
-def npl(npl_dir: Path, admin_url: str, request: pytest.FixtureRequest) -> Iterator[NplResults]:
+def npl(npl_dir: Path, admin_url: str) -> Iterator[NplResults]:
     """One `kbpg eval` of NPL per session with the default embedder, plus the references."""
     from kbpg.config import Settings
     from kbpg.models.embedders import get_embedder
@@ -149,13 +138,12 @@ def npl(npl_dir: Path, admin_url: str, request: pytest.FixtureRequest) -> Iterat
     bm25 = runs["bm25s (reference)"]
     overlaps = [overlap_at(lexical.get(q, []), bm25.get(q, [])) for q in qids]
     results = NplResults(report, references, overlaps, wall)
-    lines = _table(results)
-    print("\n" + "\n".join(lines))
-    request.config.pluginmanager.register(_Summary(lines), "kbpg-npl-quality-summary")
+    print("\n" + "\n".join(_table(results)))
     yield results
 
 
 def test_metrics_recorded(npl: NplResults, record_property: Any) -> None:
+    record_property(QUALITY_SUMMARY, ("NPL quality gate (kbpg eval)", _table(npl)))
     for arm, values in {**npl.report.metrics, **npl.references}.items():
         for name, value in values.items():
             record_property(f"{arm} {name}", round(value, 4))

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,14 +24,14 @@ from kbpg import evaluate as ev
 from kbpg.config import Settings
 from kbpg.models.embedders import get_embedder
 from kbpg.store import db as kdb
-from tests.conftest import NPL_DIR
+from tests.conftest import NPL_DIR, QUALITY_SUMMARY
 
 pytestmark = pytest.mark.slow
 
 NDCG = "ndcg@10"
 VECTOR_OFF = {"vector_weight": 0.0}  # the English model switched off: hybrid = the lexical arm
 LANGUAGES = {"xquad-ru": "russian", "xquad-zh": "cjk", "xquad-en": "english"}
-SUMMARY: list[str] = []
+TITLE = "XQuAD quality gate (nDCG@10, kbpg eval)"
 
 
 @dataclass
@@ -41,6 +40,7 @@ class Scores:
 
     arms: dict[str, float] = field(default_factory=dict)
     seconds: float = 0.0
+    summary: str = ""
 
 
 def collection_dir(name: str) -> Path:
@@ -66,20 +66,7 @@ def _score(
 
 def _report(name: str, model: str, scores: Scores) -> None:
     values = ", ".join(f"{arm} {value:.3f}" for arm, value in scores.arms.items())
-    SUMMARY.append(f"{name} ({model}, {scores.seconds:.0f} s): {values}")
-
-
-class _Summary:
-    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
-        terminalreporter.write_sep("=", "XQuAD quality gate (nDCG@10, kbpg eval)")
-        for line in SUMMARY:
-            terminalreporter.write_line(line)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _summary(request: pytest.FixtureRequest) -> Iterator[None]:
-    request.config.pluginmanager.register(_Summary(), "kbpg-xquad-quality-summary")
-    yield
+    scores.summary = f"{name} ({model}, {scores.seconds:.0f} s): {values}"
 
 
 @pytest.fixture(scope="module", params=["xquad-ru", "xquad-zh"])
@@ -106,8 +93,9 @@ def e5(request: pytest.FixtureRequest, admin_url: str) -> tuple[str, Scores]:
     return name, scores
 
 
-def test_lexical_arm_in_the_language(e5: tuple[str, Scores]) -> None:
+def test_lexical_arm_in_the_language(e5: tuple[str, Scores], record_property: Any) -> None:
     name, scores = e5
+    record_property(QUALITY_SUMMARY, (TITLE, [scores.summary]))
     language = LANGUAGES[name]
     assert scores.arms[f"{language} lexical"] >= 0.94
     # what english made of it (issue 24: .854 Russian, .118 Chinese)
@@ -131,7 +119,7 @@ def test_multilingual_model_hybrid(e5: tuple[str, Scores]) -> None:
     assert scores.arms[f"{language} hybrid"] >= scores.arms[f"{language} lexical"] - 0.01
 
 
-def test_english_control_unchanged(admin_url: str) -> None:
+def test_english_control_unchanged(admin_url: str, record_property: Any) -> None:
     """xquad-en in english with MiniLM, as before languages existed (reference BM25 .971)."""
     dataset = ev.load_beir(collection_dir("xquad-en"))
     embedder = get_embedder(Settings.from_env(), "minilm")
@@ -142,5 +130,6 @@ def test_english_control_unchanged(admin_url: str) -> None:
         _score(collection, "english", scores, ("hybrid", "lexical"))
     scores.seconds = time.perf_counter() - started
     _report("xquad-en", "all-MiniLM-L6-v2", scores)
+    record_property(QUALITY_SUMMARY, (TITLE, [scores.summary]))
     assert scores.arms["english lexical"] >= 0.96
     assert scores.arms["english hybrid"] >= scores.arms["english lexical"] - 0.01
