@@ -13,8 +13,9 @@ from kbpg.store import db as kdb
 #   lexical_dirty_blocks (written by the shards' triggers);
 #   reference tables (a copy on every node): embedding_space, lexical_state, access_settings,
 #   access_grants;
-#   on the coordinator alone: lexical_blocks (the impact cache the lexical arm sums there) and
-#   kbpg's alembic version table.
+#   on the coordinator alone: lexical_blocks (the impact cache the lexical arm sums there),
+#   lexical_group_masks (empty: the distributed layout builds no group bitmaps) and kbpg's
+#   alembic version table.
 # Chunk ids stay global: kbpg takes them from the coordinator's identity sequence.
 #
 # One DO block, so that the script is one transaction that does nothing on a knowledge base
