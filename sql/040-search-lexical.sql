@@ -254,6 +254,7 @@ declare
     mask_limit bigint;
     estimated_rows bigint;
     masked boolean := false;
+    stored_masks boolean;
     mask_nos integer[];
     mask_bits varbit[];
     block_masks varbit[];
@@ -369,11 +370,11 @@ begin
         -- any filter whose rows cost more to score one by one than its blocks to sum, the same
         -- crossover as for the terms' postings (at 200k chunks a 1% group, 2,000 rows, scored
         -- directly before: kb.search took 0.57-0.62 of the time through the cache, paired)
+        stored_masks := kb._group_masks_serve(_search_lexical.groups, _search_lexical.category,
+                                              _search_lexical.labels);
         filtered_limit := coalesce(
             kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
-            case when kb._group_masks_serve(_search_lexical.groups, _search_lexical.category,
-                                            _search_lexical.labels)
-                 then exhaustive_limit else greatest(exhaustive_limit, 5000) end);
+            case when stored_masks then exhaustive_limit else greatest(exhaustive_limit, 5000) end);
         -- up to 5% of the chunks (at least 20,000): a mask per block, a bit per chunk set where
         -- the filter keeps it, ANDed into the bits the threshold search counts and reads the
         -- candidates from, so that it sees only the kept chunks and the cache serves a 1%
@@ -382,8 +383,7 @@ begin
         mask_limit := coalesce(
             kb._tuning('kb.lexical_mask_limit', 0, 200000),
             greatest(20000, n_chunks / 20));
-        if kb._group_masks_serve(_search_lexical.groups, _search_lexical.category,
-                                 _search_lexical.labels) then
+        if stored_masks then
             -- groups alone: their stored bitmaps (kb.lexical_group_masks, kept by the refresh),
             -- ORed per block, are the mask and count the filtered chunks the cache holds (the
             -- mask built below from the chunks' ids cost 9.6 ms of a 74 ms search at 1M chunks)
