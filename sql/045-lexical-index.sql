@@ -52,9 +52,7 @@ declare
     distributed constant boolean := kb._distributed();
     stats record;
     truncated boolean := false;
-    -- the group filter's bitmaps (kb.lexical_group_masks), single server only: with the
-    -- blocks rebuilt, and for every block when they do not cover the cache yet
-    masks_missing boolean;
+    mask_blocks integer[];
 begin
     -- writers wait while the cache is rebuilt, so the new watermark covers every visible chunk
     lock table kb.chunks in share mode;
@@ -118,13 +116,6 @@ begin
         create unique index on pg_temp.kbpg_idf (lexeme);
         analyze pg_temp.kbpg_idf;
     end if;
-    masks_missing := not distributed and not state.group_masks;
-    if masks_missing then
-        delete from kb.lexical_group_masks;
-        for b in 0..(max_id / state.block_size)::integer loop
-            perform kb._refresh_group_masks(b, state.block_size);
-        end loop;
-    end if;
     foreach b in array rebuild loop
         delete from kb.lexical_blocks lb where lb.block_no = b;
         if distributed then
@@ -163,10 +154,22 @@ begin
                   from kb.lexeme_stats s) l on l.lexeme = u.lexeme
          where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size
          group by u.lexeme, l.idf, 3;
-        if not masks_missing then
-            perform kb._refresh_group_masks(b, state.block_size);
-        end if;
     end loop;
+
+    -- the group filter's bitmaps (kb.lexical_group_masks), single server only: the rebuilt
+    -- blocks', or every block's when they do not cover the cache yet (after the upgrade that
+    -- added them: the chunks' groups read, no impacts recomputed)
+    if not distributed then
+        mask_blocks := rebuild;
+        if not state.group_masks then
+            delete from kb.lexical_group_masks;
+            select coalesce(array_agg(g order by g), '{}') into mask_blocks
+              from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
+        end if;
+        foreach b in array mask_blocks loop
+            perform kb._refresh_group_masks(b, state.block_size);
+        end loop;
+    end if;
 
     update kb.lexical_state s
        set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now(),
