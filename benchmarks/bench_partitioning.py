@@ -107,9 +107,9 @@ STATS = {
 CACHE = {
     "kb.lexical_blocks": "select count(*), sum(hashtextextended(lexeme || ':' || block_no"
     " || ':' || impacts::text || ':' || idf, 0)) from kb.lexical_blocks",
-    "kb.lexical_group_masks": "select count(*), sum(hashtextextended(group_name || ':'"
-    " || block_no || ':' || kept::text, 0)) from kb.lexical_group_masks",
-    "kb.lexical_state": "select watermark, avgdl, group_masks from kb.lexical_state",
+    "kb.lexical_filter_masks": "select count(*), sum(hashtextextended(filter_kind || ':' || value"
+    " || ':' || block_no || ':' || kept::text, 0)) from kb.lexical_filter_masks",
+    "kb.lexical_state": "select watermark, avgdl, filter_masks from kb.lexical_state",
 }
 
 

@@ -40,7 +40,7 @@ comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], t
     'visible_groups; none when NULL) to a kb.chunks alias; only the filters actually given '
     'appear, so the planner sees a plain indexable predicate.';
 
-create or replace function kb._group_masks_serve(
+create or replace function kb._filter_masks_serve(
     filter_groups text[],
     filter_category text,
     filter_labels text[]
@@ -52,13 +52,50 @@ security invoker
 set search_path = pg_catalog, pg_temp
 -- a string body (kb.lexical_state is a Citus reference table: see sql/080)
 as $$
-    select coalesce(cardinality(filter_groups), 0) > 0 and filter_category is null
-           and coalesce(cardinality(filter_labels), 0) = 0 and not kb._distributed()
-           and coalesce((select l.group_masks from kb.lexical_state l), false)
+    select (coalesce(cardinality(filter_groups), 0) > 0 or filter_category is not null
+            or coalesce(cardinality(filter_labels), 0) > 0)
+           -- a NULL label matches no chunk (labels @> '{NULL}' is never true): not a bitmap's
+           and pg_catalog.array_position(filter_labels, null) is null
+           and not kb._distributed()
+           and coalesce((select l.filter_masks from kb.lexical_state l), false)
 $$;
-comment on function kb._group_masks_serve(text[], text, text[]) is
-    'Whether kb.lexical_group_masks serves these filters: groups alone, on a single server, '
-    'with the bitmaps covering the impact cache (sql/045).';
+comment on function kb._filter_masks_serve(text[], text, text[]) is
+    'Whether kb.lexical_filter_masks serves these filters (kb._filter_masks): at least one '
+    'given, on a single server, with the bitmaps covering the impact cache (sql/045).';
+
+create or replace function kb._filter_masks(
+    filter_groups text[],
+    filter_category text,
+    filter_labels text[]
+)
+returns table (block_no integer, kept varbit)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body (see kb._filter_masks_serve)
+as $$
+    -- per block: any of the groups (their bits ORed), and the category, and every label (ANDed);
+    -- a block lacking a row of one of them keeps no chunk
+    select p.block_no, pg_catalog.bit_and(p.kept)
+      from (select m.block_no, pg_catalog.bit_or(m.kept) as kept
+              from kb.lexical_filter_masks m
+             where m.filter_kind = 'group' and m.value = any (filter_groups)
+             group by m.block_no
+            union all
+            select m.block_no, m.kept
+              from kb.lexical_filter_masks m
+             where (m.filter_kind = 'category' and m.value = filter_category)
+                or (m.filter_kind = 'label' and m.value = any (filter_labels))) p
+     group by p.block_no
+    having pg_catalog.count(*) = (coalesce(cardinality(filter_groups), 0) > 0)::integer
+                                 + (filter_category is not null)::integer
+                                 + (select pg_catalog.count(distinct l) from pg_catalog.unnest(filter_labels) l)
+$$;
+comment on function kb._filter_masks(text[], text, text[]) is
+    'Per block of the impact cache holding chunks the filters keep, their bits (from '
+    'kb.lexical_filter_masks: the groups'' ORed, ANDed with the category''s and each label''s). '
+    'Only where kb._filter_masks_serve says so; internal to the search arms.';
 
 create or replace function kb._filtered_rows_estimate(
     filter_groups text[],
@@ -90,16 +127,13 @@ declare
     sampled bigint;
     state kb.lexical_state;
 begin
-    -- groups alone: the chunks' bits in the groups' stored bitmaps (sql/045), when every chunk
-    -- is in the cache (the bitmaps cover the chunks up to its watermark); 0.2 ms, not a sample
-    if visible_groups is null and kb._group_masks_serve(filter_groups, filter_category, filter_labels) then
+    -- the chunks' bits in the filters' stored bitmaps (sql/045), when every chunk is in the
+    -- cache (the bitmaps cover the chunks up to its watermark); 0.2 ms, not a sample
+    if visible_groups is null and kb._filter_masks_serve(filter_groups, filter_category, filter_labels) then
         select * into state from kb.lexical_state;
         if not exists (select 1 from kb.chunks c where c.id > state.watermark) then
             return (select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0)
-                      from (select pg_catalog.bit_or(g.kept) as kept
-                              from kb.lexical_group_masks g
-                             where g.group_name = any (filter_groups)
-                             group by g.block_no) m);
+                      from kb._filter_masks(filter_groups, filter_category, filter_labels) m);
         end if;
     end if;
     if kb._distributed() then

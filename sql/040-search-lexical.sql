@@ -366,12 +366,12 @@ begin
     if not exhaustive and filter_sql <> 'true' and not rls then
         -- a selective filter hides most cached candidates (k / selectivity of them would be
         -- rescored): below a few thousand chunks, score the filtered chunks directly; with the
-        -- groups' stored bitmaps (below) the mask costs nothing to build, so the cache serves
+        -- filters' stored bitmaps (below) the mask costs nothing to build, so the cache serves
         -- any filter whose rows cost more to score one by one than its blocks to sum, the same
         -- crossover as for the terms' postings (at 200k chunks a 1% group, 2,000 rows, scored
         -- directly before: kb.search took 0.57-0.62 of the time through the cache, paired)
-        stored_masks := kb._group_masks_serve(_search_lexical.groups, _search_lexical.category,
-                                              _search_lexical.labels);
+        stored_masks := kb._filter_masks_serve(_search_lexical.groups, _search_lexical.category,
+                                               _search_lexical.labels);
         filtered_limit := coalesce(
             kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
             case when stored_masks then exhaustive_limit else greatest(exhaustive_limit, 5000) end);
@@ -384,17 +384,16 @@ begin
             kb._tuning('kb.lexical_mask_limit', 0, 200000),
             greatest(20000, n_chunks / 20));
         if stored_masks then
-            -- groups alone: their stored bitmaps (kb.lexical_group_masks, kept by the refresh),
-            -- ORed per block, are the mask and count the filtered chunks the cache holds (the
-            -- mask built below from the chunks' ids cost 9.6 ms of a 74 ms search at 1M chunks)
+            -- the filters' stored bitmaps (kb.lexical_filter_masks, kept by the refresh),
+            -- combined per block, are the mask and count the filtered chunks the cache holds
+            -- (the mask built below from the chunks' ids cost 9.6 ms of a 74 ms search at 1M
+            -- chunks)
             select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0),
                    pg_catalog.array_agg(m.block_no order by m.block_no),
                    pg_catalog.array_agg(m.kept order by m.block_no)
               into filtered_rows, mask_nos, mask_bits
-              from (select g.block_no, pg_catalog.bit_or(g.kept) as kept
-                      from kb.lexical_group_masks g
-                     where g.group_name = any (_search_lexical.groups)
-                     group by g.block_no) m;
+              from kb._filter_masks(_search_lexical.groups, _search_lexical.category,
+                                    _search_lexical.labels) m;
             masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
         else
             -- the filtered chunks' ids when the caller read them (kb.search, from the vector

@@ -1,6 +1,6 @@
 -- kbpg: the lexical arm's impact cache (kb.lexical_blocks, read by sql/040) brought up to date.
 
-create or replace function kb._refresh_group_masks(block integer, block_size integer)
+create or replace function kb._refresh_filter_masks(block integer, block_size integer)
 returns void
 language sql
 volatile
@@ -9,26 +9,33 @@ set search_path = pg_catalog, pg_temp
 -- a string body: a SQL-standard one would depend on kb.chunks, which Citus then could not
 -- distribute (see sql/080)
 as $$
-    delete from kb.lexical_group_masks m where m.block_no = $1;
-    -- a group's bits: its chunks' offsets in the block (from 1) as runs of '0' each ended by
+    delete from kb.lexical_filter_masks m where m.block_no = $1;
+    -- a value's bits: its chunks' offsets in the block (from 1) as runs of '0' each ended by
     -- a '1', padded with '0' to the block's size
-    insert into kb.lexical_group_masks (group_name, block_no, kept)
-    select x.group_name, $1,
+    insert into kb.lexical_filter_masks (filter_kind, value, block_no, kept)
+    select x.filter_kind, x.value, $1,
            (pg_catalog.string_agg(pg_catalog.repeat('0', (x.offset_no - x.previous - 1)::integer) || '1', ''
                                   order by x.offset_no)
             || pg_catalog.repeat('0', ($2 - pg_catalog.max(x.offset_no))::integer))::varbit
-      from (select c.group_name, c.id - $1::bigint * $2 + 1 as offset_no,
-                   coalesce(pg_catalog.lag(c.id) over (partition by c.group_name order by c.id)
+      from (select f.filter_kind, f.value, f.id - $1::bigint * $2 + 1 as offset_no,
+                   coalesce(pg_catalog.lag(f.id) over (partition by f.filter_kind, f.value order by f.id)
                             - $1::bigint * $2 + 1, 0) as previous
-              from (select distinct c.id, u.group_name  -- a group listed twice is one bit
+              -- a value listed twice in a chunk's groups or labels is one bit
+              from (select distinct c.id, v.filter_kind, v.value
                       from kb.chunks c
-                     cross join pg_catalog.unnest(c.groups) as u(group_name)
-                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2) c) x
-     group by x.group_name;
+                     cross join lateral (select 'group', g from pg_catalog.unnest(c.groups) as g
+                                         union all
+                                         select 'category', c.category where c.category is not null
+                                         union all
+                                         select 'label', l from pg_catalog.unnest(c.labels) as l)
+                                        as v(filter_kind, value)
+                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2
+                       and v.value is not null) f) x
+     group by x.filter_kind, x.value;
 $$;
-comment on function kb._refresh_group_masks(integer, integer) is
-    'Rewrite one block''s rows of kb.lexical_group_masks from kb.chunks. Internal to '
-    'kb.refresh_lexical_index.';
+comment on function kb._refresh_filter_masks(integer, integer) is
+    'Rewrite one block''s rows of kb.lexical_filter_masks (its groups'', categories'' and '
+    'labels'' bitmaps) from kb.chunks. Internal to kb.refresh_lexical_index.';
 
 create or replace function kb.refresh_lexical_index(full_rebuild boolean default false)
 returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, avgdl double precision)
@@ -76,7 +83,7 @@ begin
        or pg_catalog.abs(live_avgdl / state.avgdl - 1) > 0.05 then
         -- impacts drift with the average length: past 5% rebuild them all with the live one
         delete from kb.lexical_blocks;
-        delete from kb.lexical_group_masks;
+        delete from kb.lexical_filter_masks;
         use_avgdl := live_avgdl;
         select coalesce(array_agg(g order by g), '{}') into rebuild
           from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
@@ -156,24 +163,24 @@ begin
          group by u.lexeme, l.idf, 3;
     end loop;
 
-    -- the group filter's bitmaps (kb.lexical_group_masks), single server only: the rebuilt
+    -- the filters' bitmaps (kb.lexical_filter_masks), single server only: the rebuilt
     -- blocks', or every block's when they do not cover the cache yet (after the upgrade that
-    -- added them: the chunks' groups read, no impacts recomputed)
+    -- added them: the chunks' filter columns read, no impacts recomputed)
     if not distributed then
         mask_blocks := rebuild;
-        if not state.group_masks then
-            delete from kb.lexical_group_masks;
+        if not state.filter_masks then
+            delete from kb.lexical_filter_masks;
             select coalesce(array_agg(g order by g), '{}') into mask_blocks
               from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
         end if;
         foreach b in array mask_blocks loop
-            perform kb._refresh_group_masks(b, state.block_size);
+            perform kb._refresh_filter_masks(b, state.block_size);
         end loop;
     end if;
 
     update kb.lexical_state s
        set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now(),
-           split_by_groups = split, group_masks = not distributed;
+           split_by_groups = split, filter_masks = not distributed;
     delete from kb.lexical_pending;
     delete from kb.lexical_dirty_blocks;
     return query select coalesce(cardinality(rebuild), 0), n_chunks, max_id, use_avgdl;

@@ -112,14 +112,14 @@ begin
     if search.query_embedding is not null or search.extra_embeddings is not null then
         -- a filter selective enough for the vector arm's exact path: the ids of the chunks it
         -- keeps come back with the vector hits, and the lexical arm takes them from there
-        -- (groups alone: it reads the groups' stored bitmaps instead, sql/040)
+        -- (it reads the filters' stored bitmaps instead when they serve, sql/040)
         select coalesce(v.chunk_ids, '{}'), coalesce(v.document_ids, '{}'), v.filtered_ids
           into vector_ids, vector_docs, filtered_ids
           from kb._search_vector(search.query_embedding, pool, search.groups, search.category,
                                  search.labels, search.min_similarity, search.extra_embeddings,
                                  keep_filtered => search.use_lexical and has_text
-                                     and not kb._group_masks_serve(search.groups, search.category,
-                                                                   search.labels),
+                                     and not kb._filter_masks_serve(search.groups, search.category,
+                                                                    search.labels),
                                  visible_groups => visible) v;
     end if;
 

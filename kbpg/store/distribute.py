@@ -14,7 +14,7 @@ from kbpg.store import db as kdb
 #   reference tables (a copy on every node): embedding_space, lexical_state, access_settings,
 #   access_grants;
 #   on the coordinator alone: lexical_blocks (the impact cache the lexical arm sums there),
-#   lexical_group_masks (empty: the distributed layout builds no group bitmaps) and kbpg's
+#   lexical_filter_masks (empty: the distributed layout builds no filter bitmaps) and kbpg's
 #   alembic version table.
 # Chunk ids stay global: kbpg takes them from the coordinator's identity sequence.
 #

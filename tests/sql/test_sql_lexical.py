@@ -138,10 +138,20 @@ def random_text(
     return " ".join(rng.choices(vocab, weights=weights, k=rng.randint(lo, hi)))
 
 
+def keeps(filters: dict[str, Any], groups: list[str], category: str | None, labels: list[str]) -> bool:
+    """Whether a chunk passes kb.search's filters: any of the groups, the category, every label."""
+    return (
+        (not filters.get("groups") or bool(set(filters["groups"]) & set(groups)))
+        and (filters.get("category") is None or category == filters["category"])
+        and set(filters.get("labels") or ()) <= set(labels)
+    )
+
+
 def reference_top(
-    conn: psycopg.Connection[Any], query: str, k: int, groups: list[str] | None = None
+    conn: psycopg.Connection[Any], query: str, k: int, filters: dict[str, Any] | None = None
 ) -> list[tuple[int, float]]:
-    """BM25 computed in Python from the stored tsvectors (no kbpg SQL involved)."""
+    """BM25 computed in Python from the stored tsvectors (no kbpg SQL involved), among the
+    chunks the filters (groups, category, labels) keep."""
 
     def lexemes(tsquery_sql: str) -> set[str]:
         sql = (
@@ -160,15 +170,15 @@ def reference_top(
         )
     }
     chunk_rows = conn.execute(
-        "select c.id, c.groups, u.lexeme, array_length(u.positions, 1)"
+        "select c.id, c.groups, c.category, c.labels, u.lexeme, array_length(u.positions, 1)"
         " from kb.chunks c, unnest(c.tsv) u"
     ).fetchall()
     lengths: dict[int, int] = defaultdict(int)
     tfs: dict[int, dict[str, int]] = defaultdict(dict)
-    chunk_groups: dict[int, list[str]] = {}
-    for cid, grp, lexeme, tf in chunk_rows:
+    kept: dict[int, bool] = {}
+    for cid, grp, category, labels, lexeme, tf in chunk_rows:
         lengths[cid] += tf
-        chunk_groups[cid] = grp
+        kept[cid] = keeps(filters or {}, grp, category, labels)
         if lexeme in terms:
             tfs[cid][lexeme] = tf
     n = len(lengths)
@@ -180,7 +190,7 @@ def reference_top(
     scores = [
         (cid, sum(bm25(tf, lengths[cid], avgdl, df[t], n) for t, tf in per.items()))
         for cid, per in tfs.items()
-        if cid not in banned and (groups is None or set(groups) & set(chunk_groups[cid]))
+        if cid not in banned and kept[cid]
     ]
     scores.sort(key=lambda x: (-x[1], x[0]))
     return scores[:k]
@@ -190,7 +200,7 @@ def assert_matches_reference(
     conn: psycopg.Connection[Any], queries: list[str], k: int = 10, **filters: Any
 ) -> None:
     for query in queries:
-        expected = reference_top(conn, query, k, filters.get("groups"))
+        expected = reference_top(conn, query, k, filters)
         # 0: the cache (with filters: its block sums masked to the filtered chunks, or, mask
         # limit 0, unmasked in rounds sized by survival); 1000: with a filter keeping at most
         # 750 chunks, the filtered rows scored directly; huge: exhaustive from GIN
@@ -198,10 +208,10 @@ def assert_matches_reference(
             set_exhaustive_limit(conn, limit)
             set_mask_limit(conn, mask)
             runs = [lexical(conn, query, k, **filters)]
-            if "groups" in filters:
+            if filters:
                 # as kb.search calls it: the filtered chunks' ids already read (by the vector
                 # arm's exact path), so the mask is built from them
-                runs.append(lexical_given_filtered_ids(conn, query, k, filters["groups"]))
+                runs.append(lexical_given_filtered_ids(conn, query, k, **filters))
             for rows in runs:
                 assert [r[1] for r in rows] == [cid for cid, _ in expected], (query, limit, mask)
                 for row, (_, score) in zip(rows, expected, strict=True):
@@ -209,12 +219,17 @@ def assert_matches_reference(
 
 
 def lexical_given_filtered_ids(
-    conn: psycopg.Connection[Any], query: str, k: int, groups: list[str]
+    conn: psycopg.Connection[Any], query: str, k: int, **filters: Any
 ) -> list[Any]:
+    given = {"groups": None, "category": None, "labels": None, **filters}
     return conn.execute(
-        "select rank, chunk_id, document_id, score from kb._search_lexical(%(q)s, %(k)s, %(g)s,"
-        " null, null, (select array_agg(c.id) from kb.chunks c where c.groups && %(g)s), null)",
-        {"q": query, "k": k, "g": groups},
+        "select rank, chunk_id, document_id, score from kb._search_lexical(%(q)s, %(k)s,"
+        " %(groups)s, %(category)s, %(labels)s,"
+        " (select array_agg(c.id) from kb.chunks c"
+        "   where (%(groups)s::text[] is null or c.groups && %(groups)s)"
+        "     and (%(category)s::text is null or c.category = %(category)s)"
+        "     and (%(labels)s::text[] is null or c.labels @> %(labels)s)), null)",
+        {"q": query, "k": k, **given},
     ).fetchall()
 
 
@@ -225,7 +240,7 @@ def rescoring_rounds(
     given_ids: called as kb.search calls it, with the filtered chunks' ids."""
     before = function_calls(conn, "_bm25_rank")
     if given_ids:
-        lexical_given_filtered_ids(conn, query, 10, filters["groups"])
+        lexical_given_filtered_ids(conn, query, 10, **filters)
     else:
         lexical(conn, query, 10, **filters)
     return function_calls(conn, "_bm25_rank") - before
@@ -491,99 +506,156 @@ def test_tsvector_and_token_count_follow_the_text(conn: psycopg.Connection[Any])
     assert (tsv, count) == (expected_tsv, expected_count) == ("'bin':1B 'collect':3B 'week':4B", 3)
 
 
-def stored_masks(conn: psycopg.Connection[Any]) -> dict[tuple[str, int], str]:
-    rows = conn.execute("select group_name, block_no, kept::text from kb.lexical_group_masks")
-    return {(group, block): bits for group, block, bits in rows}
+def stored_masks(conn: psycopg.Connection[Any]) -> dict[tuple[str, str, int], str]:
+    rows = conn.execute(
+        "select filter_kind, value, block_no, kept::text from kb.lexical_filter_masks"
+    )
+    return {(kind, value, block): bits for kind, value, block, bits in rows}
 
 
-def expected_masks(conn: psycopg.Connection[Any], block_size: int) -> dict[tuple[str, int], str]:
-    """Per group and block, a bit per chunk id of the block, set where the chunk holds it."""
-    masks: dict[tuple[str, int], list[str]] = {}
-    for cid, groups in conn.execute("select id, groups from kb.chunks"):
-        for group in set(groups):
-            bits = masks.setdefault((group, cid // block_size), ["0"] * block_size)
+def expected_masks(
+    conn: psycopg.Connection[Any], block_size: int
+) -> dict[tuple[str, str, int], str]:
+    """Per filter value (group, category, label) and block, a bit per chunk id of the block,
+    set where the chunk holds the value."""
+    masks: dict[tuple[str, str, int], list[str]] = {}
+    for cid, groups, category, labels in conn.execute(
+        "select id, groups, category, labels from kb.chunks"
+    ):
+        values = {("group", g) for g in groups} | {("label", label) for label in labels}
+        values |= {("category", category)} if category is not None else set()
+        for kind, value in values:
+            bits = masks.setdefault((kind, value, cid // block_size), ["0"] * block_size)
             bits[cid % block_size] = "1"
     return {key: "".join(bits) for key, bits in masks.items()}
 
 
-def test_group_masks_follow_the_chunks_groups(conn):
-    """The group filter's stored bitmaps (kb.lexical_group_masks) hold each group's chunks of
-    each block of the cache, through a groups UPDATE in place, deletions and refreshes; the
-    filtered search stays exact on them, and they count the filter's rows for the vector arm."""
+# filters the stored bitmaps serve, alone and combined (groups ORed, category and labels ANDed)
+STORED_FILTERS: list[dict[str, Any]] = [
+    {"groups": ["green"]},
+    {"groups": ["green", "blue"]},
+    {"category": "faq"},
+    {"labels": ["a", "b"]},
+    {"labels": ["b"]},
+    {"groups": ["red"], "category": "guide"},
+    {"groups": ["red", "blue"], "category": "faq", "labels": ["a"]},
+]
+
+
+def test_filter_masks_follow_the_chunks_filter_columns(conn):
+    """The filters' stored bitmaps (kb.lexical_filter_masks) hold each group's, category's and
+    label's chunks of each block of the cache, through UPDATEs of those columns in place,
+    deletions and refreshes; filtered searches stay exact on them, and they count the
+    filters' rows for the vector arm."""
     rng = random.Random(21)
     vocab = zipf_vocabulary(300, rng)
     weights = [1 / (r + 1) for r in range(len(vocab))]
     docs = [
-        add_doc(conn, f"m{i}", groups=[["red"], ["blue"], ["red", "green"], []][i % 4])
+        add_doc(
+            conn,
+            f"m{i}",
+            groups=[["red"], ["blue"], ["red", "green"], []][i % 4],
+            category=["faq", "guide", None][i % 3],
+            labels=[["a"], ["a", "b"], [], ["b"], ["c"]][i % 5],
+        )
         for i in range(40)
     ]
     for i in range(1200):
         add_chunk(conn, docs[i % 40], random_text(vocab, weights, rng, 8, 40))
-    # a group listed twice (another writer's SQL; ingest dedupes) is one bit
+    # a group or label listed twice (another writer's SQL; ingest dedupes) is one bit
     conn.execute(
-        "update kb.chunks set groups = '{green,green}' where id = (select min(id) from kb.chunks)"
+        "update kb.chunks set groups = '{green,green}', labels = '{b,b}'"
+        " where id = (select min(id) from kb.chunks)"
     )
     conn.execute("update kb.lexical_state set block_size = 100")
     conn.execute("select kb.refresh_lexical_index()")
-    assert conn.execute("select group_masks from kb.lexical_state").fetchone() == (True,)
+    assert conn.execute("select filter_masks from kb.lexical_state").fetchone() == (True,)
     assert stored_masks(conn) == expected_masks(conn, 100)
-    counted = conn.execute(
-        "select count(*) from kb.chunks where groups && '{green,blue}'"
-    ).fetchone()
-    estimate = conn.execute(
-        "select kb._filtered_rows_estimate('{green,blue}', null, null, null)"
-    ).fetchone()
-    assert estimate == counted
+    for filters in STORED_FILTERS:
+        given = {"groups": None, "category": None, "labels": None, **filters}
+        counted = conn.execute(
+            "select count(*) from kb.chunks c where (%(groups)s::text[] is null"
+            " or c.groups && %(groups)s) and (%(category)s::text is null"
+            " or c.category = %(category)s) and (%(labels)s::text[] is null"
+            " or c.labels @> %(labels)s)",
+            given,
+        ).fetchone()
+        estimate = conn.execute(
+            "select kb._filtered_rows_estimate(%(groups)s, %(category)s, %(labels)s, null)",
+            given,
+        ).fetchone()
+        assert estimate == counted, filters
     queries = [vocab[0], f"{vocab[1]} {vocab[4]}", f"{vocab[0]} {vocab[40]} {vocab[200]}"]
     # the bitmaps are the mask: no estimate, count or mask built from the chunks
     set_exhaustive_limit(conn, 0)
-    before = function_calls(conn, "_filtered_rows_estimate")
-    assert rescoring_rounds(conn, queries[0], groups=["green"]) == 1
-    assert function_calls(conn, "_filtered_rows_estimate") == before
-    assert_matches_reference(conn, queries, groups=["green"])
-    assert_matches_reference(conn, queries[:2], groups=["green", "blue"])
+    for filters in (STORED_FILTERS[0], STORED_FILTERS[2], STORED_FILTERS[6]):
+        before = function_calls(conn, "_filtered_rows_estimate")
+        assert rescoring_rounds(conn, queries[0], **filters) == 1
+        assert function_calls(conn, "_filtered_rows_estimate") == before
+    for filters in STORED_FILTERS:
+        assert_matches_reference(conn, queries[:2], **filters)
 
-    # chunks moved into "green" in place: pending (scored exactly) until the refresh, whose
-    # bitmaps then hold them
-    moved = [
-        r[0]
-        for r in conn.execute(
-            "update kb.chunks set groups = '{green}' where id in (select id from kb.chunks"
-            " where groups = '{blue}' order by id limit 30) returning id"
-        )
-    ]
-    pending = {r[0] for r in conn.execute("select chunk_id from kb.lexical_pending")}
-    assert set(moved) <= pending
-    assert_matches_reference(conn, queries, groups=["green"])
+    # chunks moved into "green", "faq" and label "c" in place: pending (scored exactly) until
+    # the refresh, whose bitmaps then hold them
+    for column, value, was in (
+        ("groups", "{green}", "{blue}"),
+        ("category", "faq", "guide"),
+        ("labels", "{c}", "{a}"),
+    ):
+        moved = [
+            r[0]
+            for r in conn.execute(
+                f"update kb.chunks set {column} = %s where id in (select id from kb.chunks"
+                f" where {column} = %s order by id limit 30) returning id",
+                (value, was),
+            )
+        ]
+        pending = {r[0] for r in conn.execute("select chunk_id from kb.lexical_pending")}
+        assert len(moved) == 30 and set(moved) <= pending
+    for filters in ({"groups": ["green"]}, {"category": "faq"}, {"labels": ["c"]}):
+        assert_matches_reference(conn, queries, **filters)
     conn.execute("delete from kb.chunks where id % 5 = 0")
     conn.execute("select kb.refresh_lexical_index()")
     assert stored_masks(conn) == expected_masks(conn, 100)
-    assert_matches_reference(conn, queries, groups=["green"])
+    for filters in ({"groups": ["green"]}, {"category": "faq"}, {"labels": ["c"]}):
+        assert_matches_reference(conn, queries, **filters)
 
 
-def test_group_masks_are_built_for_a_cache_from_before_them(new_database):
-    """A knowledge base migrated from 0017 has a cache but no bitmaps: its group filter uses
-    the per-query mask until the next refresh builds them, without rebuilding the impacts.
-    (The cache is built at head, then the schema taken down to 0017 and up again: 0018's
-    upgrade on a knowledge base with a cache.)"""
+def test_filter_masks_are_built_for_a_cache_from_before_them(new_database):
+    """A knowledge base migrated from 0017 has a cache but no bitmaps: its filters use the
+    per-query mask until the next refresh builds them, without rebuilding the impacts. (The
+    cache is built at head, then the schema taken down to 0017 and up again: 0018's and
+    0019's upgrades on a knowledge base with a cache.)"""
     url = new_database()
+    filters: list[dict[str, Any]] = [{"groups": ["team"]}, {"category": "howto"}]
     with psycopg.connect(url, autocommit=True) as conn:
         rng = random.Random(5)
         vocab = zipf_vocabulary(200, rng)
         weights = [1 / (r + 1) for r in range(len(vocab))]
-        docs = [add_doc(conn, f"o{i}", groups=["team" if i % 3 == 0 else "all"]) for i in range(30)]
+        docs = [
+            add_doc(
+                conn,
+                f"o{i}",
+                groups=["team" if i % 3 == 0 else "all"],
+                category="howto" if i % 4 == 0 else None,
+            )
+            for i in range(30)
+        ]
         for i in range(600):
             add_chunk(conn, docs[i % 30], random_text(vocab, weights, rng, 8, 30))
         conn.execute("update kb.lexical_state set block_size = 100")
         conn.execute("select kb.refresh_lexical_index()")
     kdb.downgrade(url, "0017")
     kdb.upgrade(url)
+    queries = [vocab[0], f"{vocab[2]} {vocab[9]}"]
     with psycopg.connect(url) as conn:
-        assert conn.execute("select group_masks from kb.lexical_state").fetchone() == (False,)
-        assert conn.execute("select count(*) from kb.lexical_group_masks").fetchone() == (0,)
-        assert_matches_reference(conn, [vocab[0], f"{vocab[2]} {vocab[9]}"], groups=["team"])
+        assert conn.execute("select filter_masks from kb.lexical_state").fetchone() == (False,)
+        assert conn.execute("select count(*) from kb.lexical_filter_masks").fetchone() == (0,)
+        for given in filters:
+            assert_matches_reference(conn, queries, **given)
         rebuilt = conn.execute("select blocks_rebuilt from kb.refresh_lexical_index()").fetchone()
         assert rebuilt == (0,)
-        assert conn.execute("select group_masks from kb.lexical_state").fetchone() == (True,)
+        assert conn.execute("select filter_masks from kb.lexical_state").fetchone() == (True,)
         assert stored_masks(conn) == expected_masks(conn, 100)
-        assert_matches_reference(conn, [vocab[0], f"{vocab[2]} {vocab[9]}"], groups=["team"])
+        for given in filters:
+            assert_matches_reference(conn, queries, **given)

@@ -106,9 +106,9 @@ def test_filters_apply_to_every_arm(conn, kb):
 
 def test_a_selective_filter_is_read_once_for_both_arms(conn, kb):
     # the cache path of the lexical arm, as on a large knowledge base; a filter keeping 4 of 5
-    # chunks is under the vector arm's exact-path crossover. By groups alone, the lexical arm
-    # masks its cached sums with the groups' stored bitmaps (kb.lexical_group_masks); without
-    # them (a cache from before revision 0018) the exact path hands the filtered rows' ids to
+    # chunks is under the vector arm's exact-path crossover. The lexical arm masks its cached
+    # sums with the filters' stored bitmaps (kb.lexical_filter_masks); without
+    # them (a cache from before revision 0019) the exact path hands the filtered rows' ids to
     # the lexical arm, whose mask is built from them: either way one estimate of the filter
     # (the vector arm's) instead of one per arm, and the same rankings
     conn.execute("select kb.refresh_lexical_index()")
@@ -126,7 +126,7 @@ def test_a_selective_filter_is_read_once_for_both_arms(conn, kb):
     ).fetchall()
     ranked = sorted((r["vector_rank"], r["chunk_id"]) for r in rows if r["vector_rank"])
     assert [cid for _, cid in ranked] == [r[0] for r in vector] == [kb["b1"], kb["g1"]]
-    conn.execute("update kb.lexical_state set group_masks = false")
+    conn.execute("update kb.lexical_state set filter_masks = false")
     before = function_calls(conn, "_filtered_rows_estimate")
     again = search(conn, "permit renewal office", [0, 1, 0], groups=["team"], rerank_pool=10)
     assert function_calls(conn, "_filtered_rows_estimate") - before == 1
