@@ -29,7 +29,49 @@ down_revision = "0018"
 branch_labels = None
 depends_on = None
 
-UPGRADE = r"""
+# the triggers as 0018 wrote them, but for what makes a chunk pending (`changed`: a row
+# comparison of old o and new n) and which bitmaps a TRUNCATE empties (`masks`, `flag`)
+AFTER_UPDATE = r"""
+create or replace function kb.chunks_lexical_after_update() returns trigger
+language plpgsql security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    state kb.lexical_state;
+begin
+    select * into state from kb.lexical_state;
+    insert into kb.lexical_pending (chunk_id)
+    select n.id from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
+     where {changed}
+       and n.id operator(pg_catalog.<=) state.watermark
+    on conflict do nothing;
+    insert into kb.lexical_dirty_blocks (block_no)
+    select distinct (n.id operator(pg_catalog./) state.block_size)::integer
+      from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
+     where {changed}
+       and n.id operator(pg_catalog.<=) state.watermark
+    on conflict do nothing;
+    return null;
+end $$;
+"""
+TRUNCATED = r"""
+create or replace function kb._chunks_truncated() returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    update kb.corpus_stats set chunk_count = 0, total_tokens = 0;
+    truncate kb.lexeme_stats, kb.lexical_blocks, kb.lexical_pending, kb.lexical_dirty_blocks,
+             {masks};
+    update kb.lexical_state
+       set watermark = 0, avgdl = 1, refreshed_at = null, {flag} = false;
+    return null;
+end
+$$;
+"""
+
+UPGRADE = (
+    r"""
 drop function if exists kb._group_masks_serve(text[], text, text[]);
 drop function if exists kb._refresh_group_masks(integer, integer);
 drop table kb.lexical_group_masks;
@@ -50,46 +92,17 @@ alter table kb.lexical_state rename column group_masks to filter_masks;
 update kb.lexical_state set filter_masks = false;
 comment on column kb.lexical_state.filter_masks is
     'kb.lexical_filter_masks covers every block of the cache (set by kb.refresh_lexical_index).';
-
-create or replace function kb.chunks_lexical_after_update() returns trigger
-language plpgsql security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    state kb.lexical_state;
-begin
-    select * into state from kb.lexical_state;
-    insert into kb.lexical_pending (chunk_id)
-    select n.id from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
-     where (o.tsv, o.groups, o.category, o.labels) is distinct from (n.tsv, n.groups, n.category, n.labels)
-       and n.id operator(pg_catalog.<=) state.watermark
-    on conflict do nothing;
-    insert into kb.lexical_dirty_blocks (block_no)
-    select distinct (n.id operator(pg_catalog./) state.block_size)::integer
-      from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
-     where (o.tsv, o.groups, o.category, o.labels) is distinct from (n.tsv, n.groups, n.category, n.labels)
-       and n.id operator(pg_catalog.<=) state.watermark
-    on conflict do nothing;
-    return null;
-end $$;
-
-create or replace function kb._chunks_truncated() returns trigger
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    update kb.corpus_stats set chunk_count = 0, total_tokens = 0;
-    truncate kb.lexeme_stats, kb.lexical_blocks, kb.lexical_pending, kb.lexical_dirty_blocks,
-             kb.lexical_filter_masks;
-    update kb.lexical_state
-       set watermark = 0, avgdl = 1, refreshed_at = null, filter_masks = false;
-    return null;
-end
-$$;
 """
+    + AFTER_UPDATE.format(
+        changed="(o.tsv, o.groups, o.category, o.labels)\n"
+        "           is distinct from (n.tsv, n.groups, n.category, n.labels)"
+    )
+    + TRUNCATED.format(masks="kb.lexical_filter_masks", flag="filter_masks")
+)
 
 # back to 0018's table (empty: the next refresh builds the group bitmaps) and triggers
-DOWNGRADE = r"""
+DOWNGRADE = (
+    r"""
 drop function if exists kb._filter_masks_serve(text[], text, text[]);
 drop function if exists kb._filter_masks(text[], text, text[]);
 drop function if exists kb._refresh_filter_masks(integer, integer);
@@ -109,43 +122,12 @@ alter table kb.lexical_state rename column filter_masks to group_masks;
 update kb.lexical_state set group_masks = false;
 comment on column kb.lexical_state.group_masks is
     'kb.lexical_group_masks covers every block of the cache (set by kb.refresh_lexical_index).';
-
-create or replace function kb.chunks_lexical_after_update() returns trigger
-language plpgsql security invoker
-set search_path = pg_catalog, pg_temp
-as $$
-declare
-    state kb.lexical_state;
-begin
-    select * into state from kb.lexical_state;
-    insert into kb.lexical_pending (chunk_id)
-    select n.id from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
-     where (o.tsv is distinct from n.tsv or o.groups is distinct from n.groups)
-       and n.id operator(pg_catalog.<=) state.watermark
-    on conflict do nothing;
-    insert into kb.lexical_dirty_blocks (block_no)
-    select distinct (n.id operator(pg_catalog./) state.block_size)::integer
-      from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
-     where (o.tsv is distinct from n.tsv or o.groups is distinct from n.groups)
-       and n.id operator(pg_catalog.<=) state.watermark
-    on conflict do nothing;
-    return null;
-end $$;
-
-create or replace function kb._chunks_truncated() returns trigger
-language plpgsql
-set search_path = pg_catalog, pg_temp
-as $$
-begin
-    update kb.corpus_stats set chunk_count = 0, total_tokens = 0;
-    truncate kb.lexeme_stats, kb.lexical_blocks, kb.lexical_pending, kb.lexical_dirty_blocks,
-             kb.lexical_group_masks;
-    update kb.lexical_state
-       set watermark = 0, avgdl = 1, refreshed_at = null, group_masks = false;
-    return null;
-end
-$$;
 """
+    + AFTER_UPDATE.format(
+        changed="(o.tsv is distinct from n.tsv or o.groups is distinct from n.groups)"
+    )
+    + TRUNCATED.format(masks="kb.lexical_group_masks", flag="group_masks")
+)
 
 
 def upgrade() -> None:

@@ -138,7 +138,9 @@ def random_text(
     return " ".join(rng.choices(vocab, weights=weights, k=rng.randint(lo, hi)))
 
 
-def keeps(filters: dict[str, Any], groups: list[str], category: str | None, labels: list[str]) -> bool:
+def keeps(
+    filters: dict[str, Any], groups: list[str], category: str | None, labels: list[str]
+) -> bool:
     """Whether a chunk passes kb.search's filters: any of the groups, the category, every label."""
     return (
         (not filters.get("groups") or bool(set(filters["groups"]) & set(groups)))
