@@ -6,7 +6,8 @@ unit vectors; HNSW and GIN are built after the load and the BM25 impact cache is
 Then, in one run and on the same queries, it times (wall clock per call over the unix socket,
 prepared statements off so every call is planned like a psql call):
 
-  kb.search (hybrid, lexical-only, 1%-group filter), kb.search_vector, kb.search_lexical (impact
+  kb.search (hybrid, lexical-only, 1%-group filter, a 1% filter by group and category paired
+  with the same with the filter bitmaps off), kb.search_vector, kb.search_lexical (impact
   cache) and its bulk step alone (the block sums), the same BM25 without the cache
   (exhaustive), a ts_rank_cd OR-query arm, and client-side fusion (plain HNSW query +
   ts_rank_cd query + RRF in Python); then the cached BM25 against the exhaustive one and the
@@ -234,6 +235,7 @@ COMPARED = {
     "kb.search hybrid (text + embedding)",
     "kb.search lexical only (NULL embedding)",
     "kb.search hybrid, 1% group filter",
+    "kb.search hybrid, 1% group + category filter",
     "kb.search_vector (pool 32)",
     "kb.search_lexical BM25 (pool 32)",
     "BM25 without the impact cache",
@@ -256,11 +258,23 @@ def interleaved(
     return runs
 
 
+def timed_pair(
+    baseline: Callable[[Any], Any], fn: Callable[[Any], Any], items: Sequence[Any]
+) -> tuple[tuple[float, float, list[Any]], tuple[float, float, list[Any]], float]:
+    """baseline and fn on every item, interleaved: each one's p50, p95 (ms) and results, and the
+    median over the items of fn / baseline (paired, so steadier than the ratio of two medians)."""
+    base, now = interleaved([baseline, fn], items)
+    return (
+        (statistics.median(base[0]), percentile(base[0], 0.95), base[1]),
+        (statistics.median(now[0]), percentile(now[0], 0.95), now[1]),
+        statistics.median(a / b for a, b in zip(now[0], base[0], strict=True)),
+    )
+
+
 def timed_both(
     fn: Callable[[Any], Any], items: Sequence[Any], target: dict[str, str]
 ) -> tuple[tuple[float, float, list[Any]], tuple[float, float, list[Any]], float]:
-    """fn on every item in schema kb_before and in kb, interleaved; also the median over the
-    items of now / before (paired, so steadier than the ratio of two medians)."""
+    """timed_pair of fn in schema kb_before (the baseline) and in kb."""
 
     def in_schema(schema: str) -> Callable[[Any], Any]:
         def call(item: Any) -> Any:
@@ -269,13 +283,10 @@ def timed_both(
 
         return call
 
-    before, after = interleaved([in_schema("kb_before"), in_schema("kb")], items)
-    target["kb"] = "kb"
-    return (
-        (statistics.median(before[0]), percentile(before[0], 0.95), before[1]),
-        (statistics.median(after[0]), percentile(after[0], 0.95), after[1]),
-        statistics.median(a / b for a, b in zip(after[0], before[0], strict=True)),
-    )
+    try:
+        return timed_pair(in_schema("kb_before"), in_schema("kb"), items)
+    finally:
+        target["kb"] = "kb"
 
 
 def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
@@ -626,6 +637,23 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
             item,
         ).fetchall()
 
+    def search_group_category(item: tuple[str, np.ndarray]) -> list[Any]:
+        # the same 1% of the chunks as g7 alone (document d: g{d % 100}, cat{d % 10}), through
+        # a filter of two columns: the bitmaps of both, ANDed per block (revision 0019)
+        return conn.execute(
+            f"select chunk_id from {target['kb']}.search(%s, %s, match_count => 8,"
+            " groups => '{g7}', category => 'cat7')",
+            item,
+        ).fetchall()
+
+    def search_group_category_per_query_mask(item: tuple[str, np.ndarray]) -> list[Any]:
+        # the baseline for the row above: the filter bitmaps switched off in a rolled-back
+        # transaction (as before they were built), so the arms count the filter's rows from a
+        # page sample and the lexical arm builds its mask from the filtered rows' ids
+        with conn.transaction(force_rollback=True):
+            conn.execute("update kb.lexical_state set filter_masks = false")
+            return search_group_category(item)
+
     def vector_arm(item: tuple[str, np.ndarray]) -> list[Any]:
         return conn.execute(
             f"select chunk_id from {target['kb']}.search_vector(%s, %s)", (item[1], POOL)
@@ -687,6 +715,7 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         ("kb.search hybrid (text + embedding)", search),
         ("kb.search lexical only (NULL embedding)", search_text),
         ("kb.search hybrid, 1% group filter", search_filtered),
+        ("kb.search hybrid, 1% group + category filter", search_group_category),
         ("kb.search_vector (pool 32)", vector_arm),
         ("kb.search_lexical BM25 (pool 32)", lexical_arm),
         ("  block sums of all query terms, no top-k", lexical_block_sums),
@@ -694,6 +723,13 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         ("ts_rank_cd OR query (pool 32)", ts_rank_cd),
         ("client-side fusion (HNSW + ts_rank_cd + RRF)", client_fusion),
     ]
+    # variants timed paired with a baseline of the same run (name, function), query by query
+    baselines = {
+        "kb.search hybrid, 1% group + category filter": (
+            "  same, filter bitmaps off (per-query mask)",
+            search_group_category_per_query_mask,
+        ),
+    }
     if args.only:
         wanted = [w.strip() for w in args.only.split(",") if w.strip()]
         variants = [(n, fn) for n, fn in variants if any(w in n for w in wanted)]
@@ -721,6 +757,17 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
                         f"  {same}/{len(items)}  {ratio:.2f}"
                     )
                     passes.setdefault((set_name, name + " (before)"), []).append((b50, b95))
+                elif name in baselines:
+                    base_name, baseline = baselines[name]
+                    (b50, b95, base), (p50, p95, out), ratio = timed_pair(baseline, fn, items)
+                    same = sum(a == b for a, b in zip(base, out, strict=True))
+                    pad = " " * 18 if args.before else ""
+                    log(f"{name:48} {pad}{p50:8.1f} {p95:8.1f}")
+                    log(
+                        f"{base_name:48} {pad}{b50:8.1f} {b95:8.1f}  paired: same ranked ids"
+                        f" {same}/{len(items)}, median of now / baseline {ratio:.2f}"
+                    )
+                    passes.setdefault((set_name, base_name), []).append((b50, b95))
                 else:
                     p50, p95, out = timed(fn, items)
                     pad = " " * 18 if args.before else ""
