@@ -596,6 +596,11 @@ def test_filter_masks_follow_the_chunks_filter_columns(conn):
         assert function_calls(conn, "_filtered_rows_estimate") == before
     for filters in STORED_FILTERS:
         assert_matches_reference(conn, queries[:2], **filters)
+    # a NULL label matches no chunk (labels @> '{a,NULL}' is never true): not served by the
+    # bitmaps, and nothing found on any path
+    for limit in (0, 1_000_000_000):
+        set_exhaustive_limit(conn, limit)
+        assert lexical(conn, queries[0], labels=["a", None]) == []
 
     # chunks moved into "green", "faq" and label "c" in place: pending (scored exactly) until
     # the refresh, whose bitmaps then hold them
