@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 from collections import defaultdict
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -328,17 +329,23 @@ def test_refresh_is_incremental_below_drift(conn):
 
 
 def zipf_corpus(
-    conn: psycopg.Connection[Any], prefix: str, chunks: int, rng: random.Random, reverse: bool
+    conn: psycopg.Connection[Any],
+    prefix: str,
+    chunks: int,
+    rng: random.Random,
+    reverse: bool = False,
+    documents: Sequence[dict[str, Any]] = ({},) * 10,
 ) -> list[str]:
-    """`chunks` chunks over 10 documents from a 300-word vocabulary drawn with Zipf weights
-    (reverse: the rare words become the frequent ones); the vocabulary, most frequent first."""
+    """`chunks` chunks dealt round the documents (add_doc's filter columns for each; by default
+    10 without any) from a 300-word vocabulary drawn with Zipf weights (reverse: the rare words
+    become the frequent ones); the vocabulary, most frequent first."""
     vocab = zipf_vocabulary(300, random.Random(3))
     weights = [1 / (r + 1) for r in range(len(vocab))]
     if reverse:
         vocab = vocab[::-1]
-    docs = [add_doc(conn, f"{prefix}{i}") for i in range(10)]
+    docs = [add_doc(conn, f"{prefix}{i}", **columns) for i, columns in enumerate(documents)]
     for i in range(chunks):
-        add_chunk(conn, docs[i % 10], random_text(vocab, weights, rng, 8, 40))
+        add_chunk(conn, docs[i % len(docs)], random_text(vocab, weights, rng, 8, 40))
     return vocab
 
 
@@ -549,21 +556,15 @@ def test_filter_masks_follow_the_chunks_filter_columns(conn):
     label's chunks of each block of the cache, through UPDATEs of those columns in place,
     deletions and refreshes; filtered searches stay exact on them, and they count the
     filters' rows for the vector arm."""
-    rng = random.Random(21)
-    vocab = zipf_vocabulary(300, rng)
-    weights = [1 / (r + 1) for r in range(len(vocab))]
-    docs = [
-        add_doc(
-            conn,
-            f"m{i}",
-            groups=[["red"], ["blue"], ["red", "green"], []][i % 4],
-            category=["faq", "guide", None][i % 3],
-            labels=[["a"], ["a", "b"], [], ["b"], ["c"]][i % 5],
-        )
+    documents = [
+        {
+            "groups": [["red"], ["blue"], ["red", "green"], []][i % 4],
+            "category": ["faq", "guide", None][i % 3],
+            "labels": [["a"], ["a", "b"], [], ["b"], ["c"]][i % 5],
+        }
         for i in range(40)
     ]
-    for i in range(1200):
-        add_chunk(conn, docs[i % 40], random_text(vocab, weights, rng, 8, 40))
+    vocab = zipf_corpus(conn, "m", 1200, random.Random(21), documents=documents)
     # a group or label listed twice (another writer's SQL; ingest dedupes) is one bit
     conn.execute(
         "update kb.chunks set groups = '{green,green}', labels = '{b,b}'"
@@ -635,21 +636,12 @@ def test_filter_masks_are_built_for_a_cache_from_before_them(new_database):
     0019's upgrades on a knowledge base with a cache.)"""
     url = new_database()
     filters: list[dict[str, Any]] = [{"groups": ["team"]}, {"category": "howto"}]
+    documents = [
+        {"groups": ["team" if i % 3 == 0 else "all"], "category": "howto" if i % 4 == 0 else None}
+        for i in range(30)
+    ]
     with psycopg.connect(url, autocommit=True) as conn:
-        rng = random.Random(5)
-        vocab = zipf_vocabulary(200, rng)
-        weights = [1 / (r + 1) for r in range(len(vocab))]
-        docs = [
-            add_doc(
-                conn,
-                f"o{i}",
-                groups=["team" if i % 3 == 0 else "all"],
-                category="howto" if i % 4 == 0 else None,
-            )
-            for i in range(30)
-        ]
-        for i in range(600):
-            add_chunk(conn, docs[i % 30], random_text(vocab, weights, rng, 8, 30))
+        vocab = zipf_corpus(conn, "o", 600, random.Random(5), documents=documents)
         conn.execute("update kb.lexical_state set block_size = 100")
         conn.execute("select kb.refresh_lexical_index()")
     kdb.downgrade(url, "0017")
