@@ -109,7 +109,13 @@ CACHE = {
     " || ':' || impacts::text || ':' || idf, 0)) from kb.lexical_blocks",
     "kb.lexical_filter_masks": "select count(*), sum(hashtextextended(filter_kind || ':' || value"
     " || ':' || block_no || ':' || kept::text, 0)) from kb.lexical_filter_masks",
-    "kb.lexical_state": "select watermark, avgdl, filter_masks from kb.lexical_state",
+    "kb.lexical_filter_blocks": "select count(*), sum(hashtextextended(f.filter_kind || ':'"
+    " || f.value || ':' || b.lexeme || ':' || b.block_no || ':' || b.impacts::text || ':' || b.idf,"
+    " 0)) from kb.lexical_filter_blocks b join kb.lexical_filter_caches f using (cache_id)",
+    "kb.lexical_filter_slots": "select count(*), sum(hashtextextended(f.filter_kind || ':'"
+    " || f.value || ':' || s.slot || ':' || s.chunk_id, 0)) from kb.lexical_filter_slots s"
+    " join kb.lexical_filter_caches f using (cache_id)",
+    "kb.lexical_state": "select watermark, avgdl, filter_masks, filter_caches from kb.lexical_state",
 }
 
 

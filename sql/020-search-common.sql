@@ -97,6 +97,35 @@ comment on function kb._filter_masks(text[], text, text[]) is
     'kb.lexical_filter_masks: the groups'' ORed, ANDed with the category''s and each label''s). '
     'Only where kb._filter_masks_serve says so; internal to the search arms.';
 
+create or replace function kb._filter_cache_anchor(
+    filter_groups text[],
+    filter_category text,
+    filter_labels text[]
+)
+returns table (cache_id integer, chunk_count bigint, block_size integer)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body (see kb._filter_masks_serve)
+as $$
+    -- a chunk the filters keep holds the category, every label, and one of the groups: so the
+    -- group when there is one, the category, or a label, whichever has a cache and fewest chunks
+    select f.cache_id, f.chunk_count, f.block_size
+      from kb.lexical_filter_caches f
+     where (f.filter_kind = 'group' and f.value = filter_groups[1]
+            and (select pg_catalog.count(distinct g) from pg_catalog.unnest(filter_groups) g) = 1)
+        or (f.filter_kind = 'category' and f.value = filter_category)
+        or (f.filter_kind = 'label' and f.value = any (filter_labels))
+     order by f.chunk_count, f.cache_id
+     limit 1
+$$;
+comment on function kb._filter_cache_anchor(text[], text, text[]) is
+    'Of the filter values every chunk the filters keep must hold (the only group, the '
+    'category, each label), the one whose own impact cache (kb.lexical_filter_caches) covers '
+    'fewest chunks, their count and its block size; no row if none has one. Internal to the '
+    'lexical arm.';
+
 create or replace function kb._filtered_rows_estimate(
     filter_groups text[],
     filter_category text,

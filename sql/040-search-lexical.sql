@@ -255,6 +255,14 @@ declare
     estimated_rows bigint;
     masked boolean := false;
     stored_masks boolean;
+    -- summing a filter value's own cache (kb._filter_cache_anchor) instead of the masked blocks
+    compact boolean := false;
+    anchor_cache integer;
+    anchor_chunks bigint;
+    anchor_block_size integer;
+    summed_chunks bigint;
+    summed_blocks bigint;
+    summed_block_size integer;
     mask_nos integer[];
     mask_bits varbit[];
     block_masks varbit[];
@@ -395,6 +403,18 @@ begin
               from kb._filter_masks(_search_lexical.groups, _search_lexical.category,
                                     _search_lexical.labels) m;
             masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
+            -- a value of the filter with a cache of its own (sql/045): its blocks are summed
+            -- instead of every block masked (one instead of 63 for a 1% group at 1M chunks),
+            -- unless the rest of the filter keeps under an eighth of its chunks (most of its
+            -- candidates would then be rescored only to be dropped)
+            if masked and not state.split_by_groups and not restricted then
+                select a.cache_id, a.chunk_count, a.block_size
+                  into anchor_cache, anchor_chunks, anchor_block_size
+                  from kb._filter_cache_anchor(_search_lexical.groups, _search_lexical.category,
+                                               _search_lexical.labels) a;
+                compact := anchor_cache is not null and anchor_chunks <= 8 * filtered_rows;
+                masked := not compact;
+            end if;
         else
             -- the filtered chunks' ids when the caller read them (kb.search, from the vector
             -- arm's exact path): counted, and the mask built from them, without reading them again
@@ -470,12 +490,15 @@ begin
         -- a term costs ~25 us a block in the sums and a candidate ~8 us to rescore, so up to
         -- 4 postings a block in all (at 1M chunks, 50 a block rescored up to 3,000 chunks: the
         -- arm's p95 on NPL questions was 50.9 ms, 33.8 ms with 4, in a paired run)
+        summed_chunks := case when compact then anchor_chunks else n_chunks end;
+        summed_block_size := case when compact then anchor_block_size else state.block_size end;
+        summed_blocks := case when compact then anchor_chunks / anchor_block_size + 1 else cached_blocks end;
         rare_terms := '{}';
         if not rls then
             select coalesce(array_agg(x.lexeme), '{}') into rare_terms
               from (select u.lexeme, sum(u.df) over (order by u.df, u.lexeme) as running
                       from unnest(terms, dfs) as u(lexeme, df)) x
-             where x.running <= 4 * cached_blocks;
+             where x.running <= 4 * summed_blocks;
         end if;
         if cardinality(rare_terms) > 0 and not distributed then
             select extra_ids || coalesce(array_agg(c.id), '{}') into extra_ids
@@ -490,21 +513,30 @@ begin
         block_nos := '{}';
         block_scores := '{}';
         block_masks := case when masked then '{}'::varbit[] end;
+        -- (compact: the filter value's cache, over its slots, in place of the impact cache)
         for block in
             select b.block_no,
                    @extschema:vector@.sum(b.impacts::@extschema:vector@.vector order by b.lexeme) as scores,
-                   max(t.idf / b.idf) as ratio
-              from unnest(terms, idfs) as t(lexeme, idf)
-              join kb.lexical_blocks b on b.lexeme = t.lexeme
-             where t.lexeme <> all (rare_terms)
-               -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
-               and (not state.split_by_groups or coalesce(cardinality(_search_lexical.groups), 0) = 0
-                    or b.groups operator(pg_catalog.&&) _search_lexical.groups)
-               -- a reader's call: the classes it may read (the cache is split: see exhaustive)
-               and (not restricted or b.groups = '{}'
-                    or b.groups operator(pg_catalog.&&) _search_lexical.visible_groups)
-               -- masked: only the blocks holding chunks the filters keep
-               and (not masked or b.block_no = any (mask_nos))
+                   max(b.ratio) as ratio
+              from (select b.block_no, b.lexeme, b.impacts, t.idf / b.idf as ratio
+                      from unnest(terms, idfs) as t(lexeme, idf)
+                      join kb.lexical_blocks b on b.lexeme = t.lexeme
+                     where not compact
+                       and t.lexeme <> all (rare_terms)
+                       -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
+                       and (not state.split_by_groups or coalesce(cardinality(_search_lexical.groups), 0) = 0
+                            or b.groups operator(pg_catalog.&&) _search_lexical.groups)
+                       -- a reader's call: the classes it may read (the cache is split: see exhaustive)
+                       and (not restricted or b.groups = '{}'
+                            or b.groups operator(pg_catalog.&&) _search_lexical.visible_groups)
+                       -- masked: only the blocks holding chunks the filters keep
+                       and (not masked or b.block_no = any (mask_nos))
+                    union all
+                    select f.block_no, f.lexeme, f.impacts, t.idf / f.idf
+                      from unnest(terms, idfs) as t(lexeme, idf)
+                      join kb.lexical_filter_blocks f on f.cache_id = anchor_cache and f.lexeme = t.lexeme
+                     where compact
+                       and t.lexeme <> all (rare_terms)) b
              group by b.block_no
              order by b.block_no
         loop
@@ -530,10 +562,10 @@ begin
         -- target count (2 x need) it expects a dozen hits, enough for a guess within ~30%
         if cardinality(block_scores) > 3 then
             probe := kb._lexical_threshold(
-                block_scores, state.block_size,
+                block_scores, summed_block_size,
                 pg_catalog.ceil(cardinality(block_scores)::float8
                                 / greatest(2, pg_catalog.ceil(0.15 * cardinality(block_scores))))::integer,
-                n_chunks, hi, hi_count, target => 2.0 * need, floor_count => 3 * need / 2,
+                summed_chunks, hi, hi_count, target => 2.0 * need, floor_count => 3 * need / 2,
                 accept_count => 3 * need, guess => null, guess_accept => null, max_probes => 12,
                 min_width => 0, keep_bits => false, masks => block_masks);
             guess := nullif(probe.theta, 0);  -- the highest theta whose estimated count reached need
@@ -545,11 +577,11 @@ begin
             -- a sampled guess is accepted with a narrower window than a probe for more
             slack := greatest(2 * (_search_lexical.match_count + 8), need / 2);
             probe := kb._lexical_threshold(
-                block_scores, state.block_size, 1, n_chunks, hi, hi_count,
+                block_scores, summed_block_size, 1, summed_chunks, hi, hi_count,
                 target => (need + slack / 2)::float8, floor_count => need,
                 accept_count => need + 3 * slack, guess => guess, guess_accept => need + 2 * slack,
                 -- too few chunks in all to be worth a threshold: theta 0, every cached match
-                max_probes => case when n_chunks <= need + slack or cardinality(block_scores) = 0
+                max_probes => case when summed_chunks <= need + slack or cardinality(block_scores) = 0
                                    then 0 else 30 end,
                 min_width => 1e-9 * hi_start, keep_bits => true, masks => block_masks);
             guess := null;
@@ -562,15 +594,21 @@ begin
             -- many again for the stop test's drift factor
             keep_count := case
                 when drift <> 1 then need + need / 2
-                when (filter_sql = 'true' or masked) and need = _search_lexical.match_count + 8
+                when (filter_sql = 'true' or masked or compact) and need = _search_lexical.match_count + 8
                     then _search_lexical.match_count + 2
                 else need end;
             -- an assignment, like the threshold search's: the sums go in place (in a query's
             -- FROM they were copied, 4 MB at 1M chunks)
-            picked := kb._lexical_candidates(block_nos, probe.bits, block_scores, state.block_size,
+            picked := kb._lexical_candidates(block_nos, probe.bits, block_scores, summed_block_size,
                                              keep_count, probe.theta);
             candidate_ids := picked.candidate_ids;
             theta := picked.theta_left;
+            if compact then
+                -- the value cache's positions are its slots: their chunks' ids
+                select coalesce(array_agg(s.chunk_id), '{}') into candidate_ids
+                  from kb.lexical_filter_slots s
+                 where s.cache_id = anchor_cache and s.slot = any (candidate_ids);
+            end if;
 
             -- exact BM25 of the candidates: without filters as static SQL (its plan is cached;
             -- EXECUTE in kb._bm25_rank plans anew), with them through kb._bm25_rank

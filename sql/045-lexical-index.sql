@@ -37,6 +37,109 @@ comment on function kb._refresh_filter_masks(integer, integer) is
     'Rewrite one block''s rows of kb.lexical_filter_masks (its groups'', categories'' and '
     'labels'' bitmaps) from kb.chunks. Internal to kb.refresh_lexical_index.';
 
+create or replace function kb._refresh_filter_cache(
+    kind text,
+    filter_value text,
+    fresh boolean,
+    new_since bigint,
+    max_id bigint,
+    n_chunks bigint,
+    use_avgdl double precision,
+    block_size integer
+)
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    cache integer;
+    last_slot integer;
+    rebuild integer[];
+    -- the value's filter, indexable (groups && / category = / labels @>)
+    value_sql constant text := kb._chunk_filter_sql(
+        'c', '$1', '$2', '$3', null,
+        case when kind = 'group' then array[filter_value] end,
+        case when kind = 'category' then filter_value end,
+        case when kind = 'label' then array[filter_value] end, null);
+begin
+    select f.cache_id into cache from kb.lexical_filter_caches f
+     where f.filter_kind = kind and f.value = filter_value;
+    if fresh and cache is not null then
+        delete from kb.lexical_filter_blocks b where b.cache_id = cache;
+        delete from kb.lexical_filter_slots s where s.cache_id = cache;
+        update kb.lexical_filter_caches f set block_size = _refresh_filter_cache.block_size
+         where f.cache_id = cache;
+    elsif cache is null then
+        fresh := true;
+        insert into kb.lexical_filter_caches (filter_kind, value, chunk_count, block_size)
+        values (kind, filter_value, 0, _refresh_filter_cache.block_size)
+        returning cache_id into cache;
+    end if;
+    select f.block_size into block_size from kb.lexical_filter_caches f where f.cache_id = cache;
+    select coalesce(max(s.slot), -1) into last_slot from kb.lexical_filter_slots s where s.cache_id = cache;
+    -- the value's chunks up to max_id without a slot (fresh: all of them; else those added since
+    -- the last refresh and those updated in place, kb.lexical_pending) take the next slots, in
+    -- id order
+    execute pg_catalog.format(
+        'insert into kb.lexical_filter_slots (cache_id, slot, chunk_id) '
+        'select $4, ($5 operator(pg_catalog.+) pg_catalog.row_number() over (order by c.id))::integer, c.id '
+        '  from kb.chunks c '
+        ' where %s and c.id operator(pg_catalog.<=) $6 '
+        '   and ($7 or c.id operator(pg_catalog.>) $8 '
+        '        or c.id operator(pg_catalog.=) any (select p.chunk_id from kb.lexical_pending p)) '
+        '   and not exists (select 1 from kb.lexical_filter_slots s '
+        '                    where s.cache_id operator(pg_catalog.=) $4 and s.chunk_id operator(pg_catalog.=) c.id)',
+        value_sql)
+      using case when kind = 'group' then array[filter_value] end,
+            case when kind = 'category' then filter_value end,
+            case when kind = 'label' then array[filter_value] end,
+            cache, last_slot, max_id, fresh, new_since;
+    -- the blocks to rewrite: every block (fresh), else those of the new slots and of the slots
+    -- of chunks updated in place
+    select coalesce(array_agg(distinct s.slot / block_size), '{}') into rebuild
+      from kb.lexical_filter_slots s
+     where s.cache_id = cache
+       and (fresh or s.slot > last_slot
+            or s.chunk_id = any (select p.chunk_id from kb.lexical_pending p));
+    -- a rewritten block drops the slots of chunks deleted or no longer holding the value
+    delete from kb.lexical_filter_slots s
+     where s.cache_id = cache and s.slot / block_size = any (rebuild)
+       and not exists (select 1 from kb.chunks c
+                        where c.id = s.chunk_id
+                          and case kind when 'group' then c.groups @> array[filter_value]
+                                        when 'category' then c.category = filter_value
+                                        else c.labels @> array[filter_value] end);
+    delete from kb.lexical_filter_blocks b where b.cache_id = cache and b.block_no = any (rebuild);
+    -- the impacts per block of slots, as kb.refresh_lexical_index writes a block of chunk ids
+    insert into kb.lexical_filter_blocks (cache_id, lexeme, block_no, impacts, idf)
+    select cache, u.lexeme, s.slot / block_size,
+           ('{' || string_agg((s.slot % block_size + 1)::text || ':'
+                              || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
+                              ',' order by s.slot)
+            || '}/' || block_size)::@extschema:vector@.sparsevec,
+           l.idf
+      from kb.lexical_filter_slots s
+      join kb.chunks c on c.id = s.chunk_id
+      cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
+                            from pg_catalog.unnest(c.tsv) as x) u
+      join (select t.lexeme,
+                   pg_catalog.ln(1 + (n_chunks - t.doc_freq + 0.5::float8) / (t.doc_freq + 0.5::float8)) as idf
+              from kb.lexeme_stats t) l on l.lexeme = u.lexeme
+     where s.cache_id = cache and s.slot / block_size = any (rebuild)
+     group by u.lexeme, l.idf, 3;
+    update kb.lexical_filter_caches f
+       set chunk_count = (select pg_catalog.count(*) from kb.lexical_filter_slots s where s.cache_id = cache)
+     where f.cache_id = cache;
+end
+$$;
+comment on function kb._refresh_filter_cache(text, text, boolean, bigint, bigint, bigint, double precision, integer) is
+    'Bring one filter value''s own impact cache (kb.lexical_filter_caches, _slots, _blocks) up '
+    'to date with kb.chunks up to max_id: fresh, numbered anew; else the chunks added since '
+    'new_since and those updated in place take the next slots, and only the blocks of slots '
+    'they touch are rewritten. Internal to kb.refresh_lexical_index.';
+
 create or replace function kb.refresh_lexical_index(full_rebuild boolean default false)
 returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, avgdl double precision)
 language plpgsql
@@ -59,7 +162,15 @@ declare
     distributed constant boolean := kb._distributed();
     stats record;
     truncated boolean := false;
+    rebuilt_all boolean := false;
     mask_blocks integer[];
+    touched_kinds text[];
+    touched_values text[];
+    eligible_kinds text[];
+    eligible_values text[];
+    low bigint;
+    high bigint;
+    v record;
 begin
     -- writers wait while the cache is rebuilt, so the new watermark covers every visible chunk
     lock table kb.chunks in share mode;
@@ -84,6 +195,7 @@ begin
         -- impacts drift with the average length: past 5% rebuild them all with the live one
         delete from kb.lexical_blocks;
         delete from kb.lexical_filter_masks;
+        rebuilt_all := true;
         use_avgdl := live_avgdl;
         select coalesce(array_agg(g order by g), '{}') into rebuild
           from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
@@ -173,14 +285,65 @@ begin
             select coalesce(array_agg(g order by g), '{}') into mask_blocks
               from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
         end if;
+        -- the values the rewritten blocks held before (a chunk may have left one)
+        select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
+          into touched_kinds, touched_values
+          from (select distinct m.filter_kind, m.value from kb.lexical_filter_masks m
+                 where m.block_no = any (mask_blocks)) t;
         foreach b in array mask_blocks loop
             perform kb._refresh_filter_masks(b, state.block_size);
+        end loop;
+
+        -- the filter values' own caches (sql/040): every value the lexical arm masks (between
+        -- the exhaustive path's limit and 5% of the chunks, as it decides), over a cache not
+        -- split by visibility, unless lexical_state.build_filter_caches is off; brought up to
+        -- date when its chunks lie in a rewritten block (before or after), built when it has
+        -- none yet
+        low := coalesce(kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
+                        300 + 40 * (max_id / state.block_size + 1));
+        high := coalesce(kb._tuning('kb.lexical_mask_limit', 0, 200000), greatest(20000, n_chunks / 20));
+        select coalesce(array_agg(e.filter_kind), '{}'), coalesce(array_agg(e.value), '{}')
+          into eligible_kinds, eligible_values
+          from (select m.filter_kind, m.value from kb.lexical_filter_masks m
+                 where not split and state.build_filter_caches
+                 group by m.filter_kind, m.value
+                having pg_catalog.sum(pg_catalog.bit_count(m.kept)) between low and high) e;
+        delete from kb.lexical_filter_blocks b
+         using kb.lexical_filter_caches f
+         where b.cache_id = f.cache_id
+           and (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
+        delete from kb.lexical_filter_slots s
+         using kb.lexical_filter_caches f
+         where s.cache_id = f.cache_id
+           and (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
+        delete from kb.lexical_filter_caches f
+         where (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
+        for v in
+            select e.filter_kind, e.value,
+                   rebuilt_all or not state.filter_caches
+                   or not exists (select 1 from kb.lexical_filter_caches f
+                                   where f.filter_kind = e.filter_kind and f.value = e.value) as fresh
+              from unnest(eligible_kinds, eligible_values) as e(filter_kind, value)
+             where rebuilt_all or not state.filter_caches
+                or (e.filter_kind, e.value) in (select * from unnest(touched_kinds, touched_values))
+                or not exists (select 1 from kb.lexical_filter_caches f
+                                where f.filter_kind = e.filter_kind and f.value = e.value)
+                or exists (select 1 from kb.lexical_filter_masks m
+                            where m.filter_kind = e.filter_kind and m.value = e.value
+                              and m.block_no = any (mask_blocks))
+             order by e.filter_kind, e.value
+        loop
+            -- blocks of 2,000 slots at the default 16,000 (a value's new chunks rewrite its
+            -- last block: at most 2,000 chunks' impacts recomputed per value and refresh)
+            perform kb._refresh_filter_cache(v.filter_kind, v.value, v.fresh, state.watermark,
+                                             max_id, n_chunks, use_avgdl,
+                                             greatest(state.block_size / 8, 100));
         end loop;
     end if;
 
     update kb.lexical_state s
        set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now(),
-           split_by_groups = split, filter_masks = not distributed;
+           split_by_groups = split, filter_masks = not distributed, filter_caches = not distributed;
     delete from kb.lexical_pending;
     delete from kb.lexical_dirty_blocks;
     return query select coalesce(cardinality(rebuild), 0), n_chunks, max_id, use_avgdl;

@@ -41,9 +41,10 @@ begin
     end if;
     budget := pg_catalog.floor(buffer_share * pg_catalog.pg_size_bytes(pg_catalog.current_setting('shared_buffers'))
                                / block_bytes);
-    -- what searches read, most used first: the HNSW graph, the BM25 impact cache (and its
-    -- TOAST, where its vectors live), every other index and the small tables, then the
-    -- documents, then the chunks themselves (read by rescoring, filters and the output); a
+    -- what searches read, most used first: the HNSW graph, the BM25 impact cache and the
+    -- filter values' own caches (and their TOAST, where the vectors live), every other index
+    -- and the small tables, then the documents, then the chunks themselves (read by
+    -- rescoring, filters and the output); a
     -- relation that no longer fits the budget goes to the OS cache instead ('read': a
     -- restarted server's kernel may still hold it, a rebooted one reads it sequentially now
     -- rather than page by page in the first searches)
@@ -70,7 +71,9 @@ begin
         )
         select rels.oid, pg_catalog.pg_relation_size(rels.oid) / block_bytes as blocks,
                case when rels.kind = 'hnsw' then 1
-                    when rels.owner = 'kb.lexical_blocks'::pg_catalog.regclass then 2
+                    when rels.owner in ('kb.lexical_blocks'::pg_catalog.regclass,
+                                        'kb.lexical_filter_blocks'::pg_catalog.regclass,
+                                        'kb.lexical_filter_slots'::pg_catalog.regclass) then 2
                     when rels.kind = 'index' then 3
                     when rels.owner = 'kb.chunks'::pg_catalog.regclass then 6
                     when rels.owner = 'kb.documents'::pg_catalog.regclass then 5

@@ -14,8 +14,8 @@ from kbpg.store import db as kdb
 #   reference tables (a copy on every node): embedding_space, lexical_state, access_settings,
 #   access_grants;
 #   on the coordinator alone: lexical_blocks (the impact cache the lexical arm sums there),
-#   lexical_filter_masks (empty: the distributed layout builds no filter bitmaps) and kbpg's
-#   alembic version table.
+#   lexical_filter_masks and the filter value caches (lexical_filter_caches, _slots, _blocks;
+#   all empty: the distributed layout builds neither) and kbpg's alembic version table.
 # Chunk ids stay global: kbpg takes them from the coordinator's identity sequence.
 #
 # One DO block, so that the script is one transaction that does nothing on a knowledge base

@@ -629,11 +629,187 @@ def test_filter_masks_follow_the_chunks_filter_columns(conn):
         assert_matches_reference(conn, queries, **filters)
 
 
+ValueCaches = dict[tuple[str, str], dict[int, dict[str, tuple[float, float]]]]
+
+
+def stored_value_caches(conn: psycopg.Connection[Any]) -> ValueCaches:
+    """Per filter value with a cache of its own: per chunk with a slot, its lexemes' cached
+    (weight, idf0)."""
+    caches: ValueCaches = {}
+    for cache, kind, value, count, block_size in conn.execute(
+        "select cache_id, filter_kind, value, chunk_count, block_size from kb.lexical_filter_caches"
+    ).fetchall():
+        slots = dict(
+            conn.execute(
+                "select slot, chunk_id from kb.lexical_filter_slots where cache_id = %s",
+                (cache,),
+            ).fetchall()
+        )
+        assert len(slots) == count and len(set(slots.values())) == count
+        entries: dict[int, dict[str, tuple[float, float]]] = {cid: {} for cid in slots.values()}
+        for lexeme, block, vector, idf in conn.execute(
+            "select lexeme, block_no, impacts::text, idf from kb.lexical_filter_blocks"
+            " where cache_id = %s",
+            (cache,),
+        ):
+            for element in vector.split("/")[0].strip("{}").split(","):
+                position, weight = element.split(":")
+                entries[slots[block * block_size + int(position) - 1]][lexeme] = (
+                    float(weight),
+                    idf,
+                )
+        caches[(kind, value)] = entries
+    return caches
+
+
+def value_members(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], set[int]]:
+    """Each filter value's chunks."""
+    members: dict[tuple[str, str], set[int]] = defaultdict(set)
+    for cid, groups, category, labels in conn.execute(
+        "select id, groups, category, labels from kb.chunks"
+    ):
+        values = {("group", g) for g in groups} | {("label", label) for label in labels}
+        values |= {("category", category)} if category is not None else set()
+        for value in values:
+            members[value].add(cid)
+    return members
+
+
+def assert_value_caches(
+    conn: psycopg.Connection[Any], low: int, high: int, fresh: bool = False
+) -> None:
+    """The values held by low to high chunks, and only they, have caches; each holds every
+    chunk of its value with the BM25 weight of each of its lexemes (as of the average length
+    at the refresh and the idf0 stored; fresh: the live idf, as after a rebuild), and at most
+    chunks since deleted or moved out of the value besides."""
+    n, avgdl = conn.execute(
+        "select chunk_count, l.avgdl from kb.corpus_stats, kb.lexical_state l"
+    ).fetchone() or (0, 1.0)
+    df = dict(conn.execute("select lexeme, doc_freq from kb.lexeme_stats").fetchall())
+    postings: dict[int, dict[str, tuple[int, int]]] = defaultdict(dict)
+    for cid, lexeme, tf, dl in conn.execute(
+        "select c.id, u.lexeme, coalesce(array_length(u.positions, 1), 1), c.token_count"
+        " from kb.chunks c, unnest(c.tsv) u"
+    ):
+        postings[cid][lexeme] = (tf, dl)
+    stored = stored_value_caches(conn)
+    members = {
+        value: chunks for value, chunks in value_members(conn).items() if low <= len(chunks) <= high
+    }
+    assert sorted(stored) == sorted(members)
+    for value, chunks in members.items():
+        assert chunks <= set(stored[value]), value
+        for cid in chunks:
+            assert set(stored[value][cid]) == set(postings[cid]), (value, cid)
+            for lexeme, (weight, idf) in stored[value][cid].items():
+                tf, dl = postings[cid][lexeme]
+                if fresh:
+                    live = math.log(1 + (n - df[lexeme] + 0.5) / (df[lexeme] + 0.5))
+                    assert idf == pytest.approx(live, rel=1e-9)
+                assert weight == pytest.approx(
+                    idf * tf / (tf + K1 * (1 - B + B * dl / avgdl)), rel=1e-6
+                ), (value, cid, lexeme)
+        if fresh:
+            assert set(stored[value]) == chunks, value
+
+
+def value_cache_reads(conn: psycopg.Connection[Any]) -> int:
+    """Scans of kb.lexical_filter_blocks so far in this transaction."""
+    row = conn.execute(
+        "select coalesce(seq_scan, 0) + coalesce(idx_scan, 0) from pg_stat_xact_user_tables"
+        " where relid = 'kb.lexical_filter_blocks'::regclass"
+    ).fetchone()
+    return int(row[0]) if row else 0
+
+
+def test_filter_value_caches_serve_selective_filters_exactly(conn):
+    """A filter value (group, category, label) the lexical arm masks gets an impact cache of
+    its own over its chunks, numbered in id order; a filter holding such a value sums it in
+    place of the masked blocks and ranks exactly, through updates in place, deletions and
+    refreshes; a value outside the limits loses its cache, and all do when they are switched
+    off."""
+    documents = [
+        {
+            "groups": [["red"], ["blue"], ["red", "green"], [], ["blue"]][i % 5],
+            "category": ["faq", "guide", None][i % 3],
+            "labels": [["a"], ["a", "b"], [], ["b"], ["c"]][i % 5],
+        }
+        for i in range(30)
+    ]
+    vocab = zipf_corpus(conn, "v", 1500, random.Random(8), documents=documents)
+    conn.execute("update kb.lexical_state set block_size = 100")
+    # values of 50 to 600 chunks (every one here) get their caches
+    set_exhaustive_limit(conn, 50)
+    set_mask_limit(conn, 600)
+    conn.execute("select kb.refresh_lexical_index()")
+    assert conn.execute("select filter_caches from kb.lexical_state").fetchone() == (True,)
+    assert_value_caches(conn, 50, 600, fresh=True)
+    assert len(stored_value_caches(conn)) == 8  # 3 groups, 2 categories, 3 labels
+    queries = [vocab[0], f"{vocab[1]} {vocab[4]}", f"{vocab[0]} {vocab[40]} {vocab[200]}"]
+    for filters in STORED_FILTERS:
+        assert_matches_reference(conn, queries, **filters)
+    # the caches are what the masked searches sum: each filter with a single group, or a
+    # category or labels, reads one; two groups (ORed) do not
+    set_exhaustive_limit(conn, 0)
+    set_mask_limit(conn, None)
+    for filters, summed in (
+        ({"groups": ["green"]}, True),
+        ({"category": "faq"}, True),
+        ({"labels": ["a", "b"]}, True),
+        ({"groups": ["red"], "category": "guide"}, True),
+        ({"groups": ["red", "blue"]}, False),
+    ):
+        before = value_cache_reads(conn)
+        lexical(conn, queries[1], **filters)
+        assert (value_cache_reads(conn) > before) == summed, filters
+
+    # chunks moved into "green", "faq" and label "c" in place are pending (scored exactly);
+    # the refresh rebuilds the caches of the values they left and joined
+    for column, value, was in (
+        ("groups", "{green}", "{blue}"),
+        ("category", "faq", "guide"),
+        ("labels", "{c}", "{a}"),
+    ):
+        conn.execute(
+            f"update kb.chunks set {column} = %s where id in (select id from kb.chunks"
+            f" where {column} = %s order by id limit 40)",
+            (value, was),
+        )
+    for filters in ({"groups": ["green"]}, {"category": "faq"}, {"labels": ["c"]}):
+        assert_matches_reference(conn, queries, **filters)
+    add_chunk(conn, add_doc(conn, "v-new", groups=["green"], category="faq"), vocab[1])
+    conn.execute("delete from kb.chunks where id % 7 = 0")
+    set_exhaustive_limit(conn, 50)
+    set_mask_limit(conn, 600)
+    conn.execute("select kb.refresh_lexical_index()")
+    assert_value_caches(conn, 50, 600)
+    for filters in STORED_FILTERS:
+        assert_matches_reference(conn, queries, **filters)
+    # a value over the limit at the next refresh loses its cache; a full rebuild numbers the
+    # others' chunks anew
+    set_exhaustive_limit(conn, 50)
+    set_mask_limit(conn, 400)
+    conn.execute("select kb.refresh_lexical_index()")
+    assert_value_caches(conn, 50, 400)
+    assert ("group", "blue") not in stored_value_caches(conn)
+    conn.execute("select kb.refresh_lexical_index(full_rebuild => true)")
+    assert_value_caches(conn, 50, 400, fresh=True)
+    for filters in ({"groups": ["green"]}, {"labels": ["c"]}):
+        assert_matches_reference(conn, queries, **filters)
+    # switched off: the next refresh drops them, and the masks serve the filters
+    conn.execute("update kb.lexical_state set build_filter_caches = false")
+    set_exhaustive_limit(conn, 50)
+    conn.execute("select kb.refresh_lexical_index()")
+    assert stored_value_caches(conn) == {}
+    for filters in ({"groups": ["green"]}, {"labels": ["c"]}):
+        assert_matches_reference(conn, queries, **filters)
+
+
 def test_filter_masks_are_built_for_a_cache_from_before_them(new_database):
-    """A knowledge base migrated from 0017 has a cache but no bitmaps: its filters use the
-    per-query mask until the next refresh builds them, without rebuilding the impacts. (The
-    cache is built at head, then the schema taken down to 0017 and up again: 0018's and
-    0019's upgrades on a knowledge base with a cache.)"""
+    """A knowledge base migrated from 0017 has a cache but no bitmaps and no filter value
+    caches: its filters use the per-query mask until the next refresh builds both, without
+    rebuilding the impacts. (The cache is built at head, then the schema taken down to 0017 and
+    up again: 0018's to 0020's upgrades on a knowledge base with a cache.)"""
     url = new_database()
     filters: list[dict[str, Any]] = [{"groups": ["team"]}, {"category": "howto"}]
     documents = [
@@ -650,11 +826,19 @@ def test_filter_masks_are_built_for_a_cache_from_before_them(new_database):
     with psycopg.connect(url) as conn:
         assert conn.execute("select filter_masks from kb.lexical_state").fetchone() == (False,)
         assert conn.execute("select count(*) from kb.lexical_filter_masks").fetchone() == (0,)
+        assert stored_value_caches(conn) == {}
         for given in filters:
             assert_matches_reference(conn, queries, **given)
+        set_exhaustive_limit(conn, 0)  # every value gets a cache of its own
         rebuilt = conn.execute("select blocks_rebuilt from kb.refresh_lexical_index()").fetchone()
         assert rebuilt == (0,)
-        assert conn.execute("select filter_masks from kb.lexical_state").fetchone() == (True,)
+        assert conn.execute(
+            "select filter_masks, filter_caches from kb.lexical_state"
+        ).fetchone() == (
+            True,
+            True,
+        )
         assert stored_masks(conn) == expected_masks(conn, 100)
+        assert_value_caches(conn, 0, 20000, fresh=True)
         for given in filters:
             assert_matches_reference(conn, queries, **given)
