@@ -1,5 +1,27 @@
 -- kbpg: the lexical arm's impact cache (kb.lexical_blocks, read by sql/040) brought up to date.
 
+create or replace function kb._chunk_filter_values(
+    chunk_groups text[],
+    chunk_category text,
+    chunk_labels text[]
+)
+returns table (filter_kind text, value text)
+language sql
+immutable
+parallel safe
+security invoker
+-- no SET clause: inlined into the caller's query (see kb._bm25_score)
+begin atomic
+    select 'group', g from pg_catalog.unnest(chunk_groups) as g where g is not null
+    union all
+    select 'category', chunk_category where chunk_category is not null
+    union all
+    select 'label', l from pg_catalog.unnest(chunk_labels) as l where l is not null;
+end;
+comment on function kb._chunk_filter_values(text[], text, text[]) is
+    'A chunk''s filter values (filter_kind ''group'', ''category'', ''label''), as the filter '
+    'bitmaps and the filter value caches key them. Internal to sql/045.';
+
 create or replace function kb._refresh_filter_masks(block integer, block_size integer)
 returns void
 language sql
@@ -23,14 +45,8 @@ as $$
               -- a value listed twice in a chunk's groups or labels is one bit
               from (select distinct c.id, v.filter_kind, v.value
                       from kb.chunks c
-                     cross join lateral (select 'group', g from pg_catalog.unnest(c.groups) as g
-                                         union all
-                                         select 'category', c.category where c.category is not null
-                                         union all
-                                         select 'label', l from pg_catalog.unnest(c.labels) as l)
-                                        as v(filter_kind, value)
-                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2
-                       and v.value is not null) f) x
+                     cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) v
+                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2) f) x
      group by x.filter_kind, x.value;
 $$;
 comment on function kb._refresh_filter_masks(integer, integer) is
@@ -56,7 +72,12 @@ as $$
 declare
     cache integer;
     last_slot integer;
-    rebuild integer[];
+    pending bigint[];
+    appended bigint;
+    dropped bigint;
+    rewrite integer[];
+    appended_to integer[];
+    first_slot integer;
     -- the value's filter, indexable (groups && / category = / labels @>)
     value_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', null,
@@ -82,55 +103,87 @@ begin
     -- the value's chunks up to max_id without a slot (fresh: all of them; else those added since
     -- the last refresh and those updated in place, kb.lexical_pending) take the next slots, in
     -- id order
+    pending := coalesce((select pg_catalog.array_agg(p.chunk_id) from kb.lexical_pending p), '{}');
     execute pg_catalog.format(
         'insert into kb.lexical_filter_slots (cache_id, slot, chunk_id) '
         'select $4, ($5 operator(pg_catalog.+) pg_catalog.row_number() over (order by c.id))::integer, c.id '
         '  from kb.chunks c '
-        ' where %s and c.id operator(pg_catalog.<=) $6 '
-        '   and ($7 or c.id operator(pg_catalog.>) $8 '
-        '        or c.id operator(pg_catalog.=) any (select p.chunk_id from kb.lexical_pending p)) '
-        '   and not exists (select 1 from kb.lexical_filter_slots s '
-        '                    where s.cache_id operator(pg_catalog.=) $4 and s.chunk_id operator(pg_catalog.=) c.id)',
-        value_sql)
+        ' where %s and c.id operator(pg_catalog.<=) $6 and %s',
+        value_sql,
+        -- an id range, and the pending ids not in the cache yet (a scan of the value's every
+        -- chunk, or of its every slot, cost a few ms each)
+        case when fresh then 'true'
+             when cardinality(pending) = 0 then 'c.id operator(pg_catalog.>) $7'
+             else '(c.id operator(pg_catalog.>) $7 or (c.id operator(pg_catalog.=) any ($8) '
+                  'and not exists (select 1 from kb.lexical_filter_slots s '
+                  '                 where s.cache_id operator(pg_catalog.=) $4 '
+                  '                   and s.chunk_id operator(pg_catalog.=) c.id)))' end)
       using case when kind = 'group' then array[filter_value] end,
             case when kind = 'category' then filter_value end,
             case when kind = 'label' then array[filter_value] end,
-            cache, last_slot, max_id, fresh, new_since;
-    -- the blocks to rewrite: every block (fresh), else those of the new slots and of the slots
-    -- of chunks updated in place
-    select coalesce(array_agg(distinct s.slot / block_size), '{}') into rebuild
-      from kb.lexical_filter_slots s
-     where s.cache_id = cache
-       and (fresh or s.slot > last_slot
-            or s.chunk_id = any (select p.chunk_id from kb.lexical_pending p));
+            cache, last_slot, max_id, new_since, pending;
+    get diagnostics appended = row_count;
+    -- the blocks rewritten from their chunks: every block (fresh), else those holding a slot
+    -- of a chunk updated in place; the others the new slots fall in are appended to: their
+    -- rows gain the new slots' weights (the last block of a value otherwise rewrote up to a
+    -- block of chunks for each new one)
+    select coalesce(array_agg(distinct x.g order by x.g), '{}') into rewrite
+      from (select pg_catalog.generate_series(0, ((appended - 1) / block_size)::integer) as g
+             where fresh
+            union all
+            select s.slot / block_size from kb.lexical_filter_slots s
+             where cardinality(pending) > 0 and s.cache_id = cache and s.chunk_id = any (pending)) x;
+    select coalesce(array_agg(g order by g), '{}') into appended_to
+      from pg_catalog.generate_series((last_slot + 1) / block_size,
+                                      ((last_slot + appended) / block_size)::integer) as g
+     where not fresh and appended > 0 and g <> all (rewrite);
+    if cardinality(rewrite) + cardinality(appended_to) = 0 then
+        return;
+    end if;
+    -- (the statements below read the slots from the first of those blocks on: a cache's every
+    -- slot, read for its last block, cost ~1 ms a statement)
+    first_slot := least(rewrite[1], appended_to[1]) * block_size;
     -- a rewritten block drops the slots of chunks deleted or no longer holding the value
     delete from kb.lexical_filter_slots s
-     where s.cache_id = cache and s.slot / block_size = any (rebuild)
+     where s.cache_id = cache and s.slot >= first_slot and s.slot / block_size = any (rewrite)
        and not exists (select 1 from kb.chunks c
                         where c.id = s.chunk_id
                           and case kind when 'group' then c.groups @> array[filter_value]
                                         when 'category' then c.category = filter_value
                                         else c.labels @> array[filter_value] end);
-    delete from kb.lexical_filter_blocks b where b.cache_id = cache and b.block_no = any (rebuild);
-    -- the impacts per block of slots, as kb.refresh_lexical_index writes a block of chunk ids
-    insert into kb.lexical_filter_blocks (cache_id, lexeme, block_no, impacts, idf)
-    select cache, u.lexeme, s.slot / block_size,
-           ('{' || string_agg((s.slot % block_size + 1)::text || ':'
-                              || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
-                              ',' order by s.slot)
-            || '}/' || block_size)::@extschema:vector@.sparsevec,
-           l.idf
-      from kb.lexical_filter_slots s
-      join kb.chunks c on c.id = s.chunk_id
-      cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
-                            from pg_catalog.unnest(c.tsv) as x) u
-      join (select t.lexeme,
-                   pg_catalog.ln(1 + (n_chunks - t.doc_freq + 0.5::float8) / (t.doc_freq + 0.5::float8)) as idf
-              from kb.lexeme_stats t) l on l.lexeme = u.lexeme
-     where s.cache_id = cache and s.slot / block_size = any (rebuild)
-     group by u.lexeme, l.idf, 3;
+    get diagnostics dropped = row_count;
+    delete from kb.lexical_filter_blocks b where b.cache_id = cache and b.block_no = any (rewrite);
+    -- the impacts per block of slots, as kb.refresh_lexical_index writes a block of chunk ids;
+    -- an appended block's rows keep the idf0 their weights were computed with (the search's
+    -- drift bound reads it), and the new slots come after the old in each
+    insert into kb.lexical_filter_blocks as b (cache_id, lexeme, block_no, impacts, idf)
+    select cache, n.lexeme, n.block_no, ('{' || n.entries || '}/' || block_size)::@extschema:vector@.sparsevec, n.idf
+      from (select u.lexeme, s.slot / block_size as block_no, w.idf,
+                   string_agg((s.slot % block_size + 1)::text || ':'
+                              || (w.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
+                              ',' order by s.slot) as entries
+              from kb.lexical_filter_slots s
+              join kb.chunks c on c.id = s.chunk_id
+              cross join lateral (select x.lexeme, coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
+                                    from pg_catalog.unnest(c.tsv) as x) u
+              join (select t.lexeme,
+                           pg_catalog.ln(1 + (n_chunks - t.doc_freq + 0.5::float8) / (t.doc_freq + 0.5::float8)) as idf
+                      from kb.lexeme_stats t) l on l.lexeme = u.lexeme
+              cross join lateral (select coalesce(case when s.slot / block_size = any (appended_to)
+                                                       then (select o.idf from kb.lexical_filter_blocks o
+                                                              where o.cache_id = cache and o.lexeme = u.lexeme
+                                                                and o.block_no = s.slot / block_size) end,
+                                                  l.idf) as idf) w
+             where s.cache_id = cache and s.slot >= first_slot
+               and (s.slot / block_size = any (rewrite)
+                    or (s.slot > last_slot and s.slot / block_size = any (appended_to)))
+             group by u.lexeme, 2, 3) n
+    on conflict (cache_id, lexeme, block_no) do update
+       set impacts = ('{' || pg_catalog.btrim(pg_catalog.split_part(b.impacts::text, '/', 1), '{}')
+                      || ',' || pg_catalog.btrim(pg_catalog.split_part(excluded.impacts::text, '/', 1), '{}')
+                      || '}/' || block_size)::@extschema:vector@.sparsevec;
     update kb.lexical_filter_caches f
-       set chunk_count = (select pg_catalog.count(*) from kb.lexical_filter_slots s where s.cache_id = cache)
+       set chunk_count = case when fresh then appended else f.chunk_count + appended end - dropped
      where f.cache_id = cache;
 end
 $$;
@@ -285,20 +338,16 @@ begin
             select coalesce(array_agg(g order by g), '{}') into mask_blocks
               from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
         end if;
-        -- the values the rewritten blocks held before (a chunk may have left one)
-        select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
-          into touched_kinds, touched_values
-          from (select distinct m.filter_kind, m.value from kb.lexical_filter_masks m
-                 where m.block_no = any (mask_blocks)) t;
         foreach b in array mask_blocks loop
             perform kb._refresh_filter_masks(b, state.block_size);
         end loop;
 
         -- the filter values' own caches (sql/040): every value the lexical arm masks (between
         -- the exhaustive path's limit and 5% of the chunks, as it decides), over a cache not
-        -- split by visibility, unless lexical_state.build_filter_caches is off; brought up to
-        -- date when its chunks lie in a rewritten block (before or after), built when it has
-        -- none yet
+        -- split by visibility, unless lexical_state.build_filter_caches is off; built when it
+        -- has none yet, brought up to date when a chunk added since the last refresh or
+        -- updated in place (pending) holds it (a chunk deleted, or that left the value, keeps
+        -- its slot until its block is next rewritten: the rescoring drops it)
         low := coalesce(kb._tuning('kb.lexical_exhaustive_limit', 0, 100000),
                         300 + 40 * (max_id / state.block_size + 1));
         high := coalesce(kb._tuning('kb.lexical_mask_limit', 0, 200000), greatest(20000, n_chunks / 20));
@@ -318,6 +367,13 @@ begin
            and (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
         delete from kb.lexical_filter_caches f
          where (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
+        select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
+          into touched_kinds, touched_values
+          from (select distinct x.filter_kind, x.value
+                  from kb.chunks c
+                 cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) x
+                 where (c.id > state.watermark and c.id <= max_id)
+                    or c.id = any (select p.chunk_id from kb.lexical_pending p)) t;
         for v in
             select e.filter_kind, e.value,
                    rebuilt_all or not state.filter_caches
@@ -328,9 +384,6 @@ begin
                 or (e.filter_kind, e.value) in (select * from unnest(touched_kinds, touched_values))
                 or not exists (select 1 from kb.lexical_filter_caches f
                                 where f.filter_kind = e.filter_kind and f.value = e.value)
-                or exists (select 1 from kb.lexical_filter_masks m
-                            where m.filter_kind = e.filter_kind and m.value = e.value
-                              and m.block_no = any (mask_blocks))
              order by e.filter_kind, e.value
         loop
             -- blocks of 2,000 slots at the default 16,000 (a value's new chunks rewrite its

@@ -105,6 +105,7 @@ DOWNGRADE = r"""
 drop function if exists kb._refresh_filter_cache(text, text, boolean, bigint, bigint, bigint, double precision,
                                                  integer);
 drop function if exists kb._filter_cache_anchor(text[], text, text[]);
+drop function if exists kb._chunk_filter_values(text[], text, text[]);
 drop table kb.lexical_filter_blocks;
 drop table kb.lexical_filter_slots;
 drop table kb.lexical_filter_caches;

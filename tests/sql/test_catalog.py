@@ -68,6 +68,7 @@ EXPECTED_VOLATILITY = {
     "kb._filter_masks(text[],text,text[])": "s",
     "kb._refresh_filter_cache(text,text,boolean,bigint,bigint,bigint,double precision,integer)": "v",
     "kb._filter_cache_anchor(text[],text,text[])": "s",
+    "kb._chunk_filter_values(text[],text,text[])": "i",
     "kb.expand_graph(bigint[],integer,integer,double precision,text[],text,text[])": "s",
     "kb._expand_graph(bigint[],integer,integer,double precision,text[],text,text[],text[])": "s",
     "kb._access_caller()": "s",

@@ -722,6 +722,14 @@ def value_cache_reads(conn: psycopg.Connection[Any]) -> int:
     return int(row[0]) if row else 0
 
 
+def refresh_with_value_caches(conn: psycopg.Connection[Any], low: int, high: int) -> None:
+    """kb.refresh_lexical_index with the values of low to high chunks eligible for a cache of
+    their own (the limits the lexical arm also masks between)."""
+    set_exhaustive_limit(conn, low)
+    set_mask_limit(conn, high)
+    conn.execute("select kb.refresh_lexical_index()")
+
+
 def test_filter_value_caches_serve_selective_filters_exactly(conn):
     """A filter value (group, category, label) the lexical arm masks gets an impact cache of
     its own over its chunks, numbered in id order; a filter holding such a value sums it in
@@ -739,9 +747,7 @@ def test_filter_value_caches_serve_selective_filters_exactly(conn):
     vocab = zipf_corpus(conn, "v", 1500, random.Random(8), documents=documents)
     conn.execute("update kb.lexical_state set block_size = 100")
     # values of 50 to 600 chunks (every one here) get their caches
-    set_exhaustive_limit(conn, 50)
-    set_mask_limit(conn, 600)
-    conn.execute("select kb.refresh_lexical_index()")
+    refresh_with_value_caches(conn, 50, 600)
     assert conn.execute("select filter_caches from kb.lexical_state").fetchone() == (True,)
     assert_value_caches(conn, 50, 600, fresh=True)
     assert len(stored_value_caches(conn)) == 8  # 3 groups, 2 categories, 3 labels
@@ -779,17 +785,38 @@ def test_filter_value_caches_serve_selective_filters_exactly(conn):
         assert_matches_reference(conn, queries, **filters)
     add_chunk(conn, add_doc(conn, "v-new", groups=["green"], category="faq"), vocab[1])
     conn.execute("delete from kb.chunks where id % 7 = 0")
-    set_exhaustive_limit(conn, 50)
-    set_mask_limit(conn, 600)
-    conn.execute("select kb.refresh_lexical_index()")
+    refresh_with_value_caches(conn, 50, 600)
     assert_value_caches(conn, 50, 600)
     for filters in STORED_FILTERS:
         assert_matches_reference(conn, queries, **filters)
+    # more chunks of "green" land in the block of slots the last refresh began: its rows gain
+    # them, weighed with the rows' idf0 (the block is appended to, not rewritten)
+    word = lexeme(conn, vocab[1])
+
+    def last_block_idf() -> Any:
+        return conn.execute(
+            "select b.idf from kb.lexical_filter_blocks b join kb.lexical_filter_caches f"
+            " using (cache_id) where f.value = 'green' and b.lexeme = %s"
+            " order by b.block_no desc limit 1",
+            (word,),
+        ).fetchone()
+
+    appended_to = last_block_idf()
+    more = add_doc(conn, "v-more", groups=["green"])
+    for i in range(3):
+        add_chunk(conn, more, f"{vocab[1]} {vocab[i + 2]} {vocab[i + 60]}")
+    refresh_with_value_caches(conn, 50, 600)
+    assert_value_caches(conn, 50, 600)
+    n, df = conn.execute(
+        "select chunk_count, doc_freq from kb.corpus_stats, kb.lexeme_stats where lexeme = %s",
+        (word,),
+    ).fetchone() or (0, 0)
+    assert last_block_idf() == appended_to != (math.log(1 + (n - df + 0.5) / (df + 0.5)),)
+    for filters in ({"groups": ["green"]}, {"groups": ["green"], "labels": ["c"]}):
+        assert_matches_reference(conn, queries, **filters)
     # a value over the limit at the next refresh loses its cache; a full rebuild numbers the
     # others' chunks anew
-    set_exhaustive_limit(conn, 50)
-    set_mask_limit(conn, 400)
-    conn.execute("select kb.refresh_lexical_index()")
+    refresh_with_value_caches(conn, 50, 400)
     assert_value_caches(conn, 50, 400)
     assert ("group", "blue") not in stored_value_caches(conn)
     conn.execute("select kb.refresh_lexical_index(full_rebuild => true)")
@@ -798,8 +825,7 @@ def test_filter_value_caches_serve_selective_filters_exactly(conn):
         assert_matches_reference(conn, queries, **filters)
     # switched off: the next refresh drops them, and the masks serve the filters
     conn.execute("update kb.lexical_state set build_filter_caches = false")
-    set_exhaustive_limit(conn, 50)
-    conn.execute("select kb.refresh_lexical_index()")
+    refresh_with_value_caches(conn, 50, 400)
     assert stored_value_caches(conn) == {}
     for filters in ({"groups": ["green"]}, {"labels": ["c"]}):
         assert_matches_reference(conn, queries, **filters)

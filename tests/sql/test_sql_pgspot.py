@@ -31,6 +31,7 @@ RETURN = re.compile(r"^return (.*?);$", re.MULTILINE | re.DOTALL)
 # so nothing in them is looked up by name at run time.
 INLINED = [
     "kb._chunk_filter_sql",
+    "kb._chunk_filter_values",
     "kb._chunk_matches_filters",
     "kb._bm25_score",
     "kb._distributed",
