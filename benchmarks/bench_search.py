@@ -21,6 +21,8 @@ prepared statements off so every call is planned like a psql call):
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench --only search_lexical,without
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench --before main~3 --only kb.search
         # REV's functions and today's, query by query back to back, and how often they agree
+    python benchmarks/bench_search.py --keep /tmp/kbpg-bench --refresh-docs 1,100
+        # the cache's refresh after an ingest of 1 and 100 documents (rolled back)
     python benchmarks/bench_search.py --keep /tmp/kbpg-bench --cold --repeat 2
         # a restarted server's first searches, then the same again warm (--drop-os-cache: as
         # after a reboot; --kb-prewarm: after kb.prewarm()); --repeat prints the spread
@@ -203,17 +205,78 @@ def build_indexes(conn: psycopg.Connection[Any], url: str, timings: dict[str, An
 
     _, timings["hnsw_s"] = indexing.set_layout(conn, url, progress=progress)
     conn.autocommit = False
+    conn.execute("set local track_functions = 'all'")
     t = time.perf_counter()
     conn.execute("select kb.refresh_lexical_index()")
+    timings["filter_caches_s"] = filter_caches_seconds(conn)
     conn.commit()
     timings["lexical_cache_s"] = time.perf_counter() - t
     conn.autocommit = True
     conn.execute("vacuum analyze kb.chunks")
     conn.execute("analyze")
-    names = ("kb.lexical_blocks", "kb.chunks_embedding_hnsw", "kb.chunks_tsv_gin")
+    names = (
+        "kb.lexical_blocks",
+        "kb.chunks_embedding_hnsw",
+        "kb.chunks_tsv_gin",
+        "kb.lexical_filter_blocks",
+    )
     size = conn.execute("select " + ", ".join(relation_size(n) for n in names)).fetchone()
     assert size is not None
-    timings["sizes"] = {"lexical_blocks": size[0], "hnsw": size[1], "gin": size[2]}
+    timings["sizes"] = {
+        "lexical_blocks": size[0],
+        "hnsw": size[1],
+        "gin": size[2],
+        "filter_value_caches": size[3],
+    }
+
+
+def filter_caches_seconds(conn: psycopg.Connection[Any]) -> float:
+    """The time this transaction's kb.refresh_lexical_index calls spent on the filter values'
+    own caches (pg_stat_xact_user_functions: counted while `track_functions` is 'all')."""
+    row = conn.execute(
+        "select coalesce(sum(total_time), 0) from pg_stat_xact_user_functions"
+        " where schemaname = 'kb' and funcname = '_refresh_filter_cache'"
+    ).fetchone()
+    return float(row[0]) / 1000 if row else 0.0
+
+
+def time_refresh(conn: psycopg.Connection[Any], documents: int, rounds: int = 3) -> None:
+    """kb.refresh_lexical_index after `documents` new documents of 10 chunks (copies of
+    existing chunks' text and vectors) spread over the groups, each round rolled back: the
+    whole refresh and the filter values' caches' part of it."""
+    groups = conn.execute(
+        "select count(distinct value) from kb.lexical_filter_masks where filter_kind = 'group'"
+    ).fetchone()
+    n_groups = max(1, int(groups[0]) if groups else 1)
+    totals, caches = [], []
+    for round_no in range(rounds):
+        with conn.transaction(force_rollback=True):
+            conn.execute("set local track_functions = 'all'")
+            for d in range(documents):
+                group, category = f"g{(d * 37 + round_no) % n_groups}", f"cat{d % 10}"
+                row = conn.execute(
+                    "insert into kb.documents (source, title, category, groups, content_hash)"
+                    " values (%s, 'refresh timing', %s, %s, 'h') returning id",
+                    (f"refresh-{round_no}-{d}", category, [group]),
+                ).fetchone()
+                assert row is not None
+                conn.execute(
+                    "insert into kb.chunks (document_id, ordinal, content, groups, category,"
+                    " embedding) select %s, o, c.content, %s, %s, c.embedding from kb.chunks c"
+                    " join generate_series(0, 9) o on c.id = 1000 * (%s + 1) + 7 * o",
+                    (row[0], [group], category, d),
+                )
+            started = time.perf_counter()
+            conn.execute("select kb.refresh_lexical_index()")
+            totals.append(time.perf_counter() - started)
+            caches.append(filter_caches_seconds(conn))
+    log(
+        f"refresh after {documents} new documents over {min(documents, n_groups)} groups"
+        f" (load average {load_average()}): "
+        + ", ".join(
+            f"{t:.2f} s (value caches {c:.2f})" for t, c in zip(totals, caches, strict=True)
+        )
+    )
 
 
 def percentile(values: Sequence[float], q: float) -> float:
@@ -435,6 +498,13 @@ def main() -> None:
         choices=["vector", "halfvec", "binary"],
         help="vector index layout (default: kb.default_vector_layout's)",
     )
+    parser.add_argument(
+        "--refresh-docs",
+        metavar="N[,N...]",
+        help="instead of timing searches, time kb.refresh_lexical_index after N new documents "
+        "of 10 chunks spread over the groups (3 rounds, each rolled back), and the filter "
+        "values' caches' part of it",
+    )
     args = parser.parse_args()
 
     home = bench_home(args.keep, "kbpg-bench-")
@@ -465,7 +535,11 @@ def main() -> None:
                 if args.keep is not None:
                     write_info(home, info, args)
             conn.autocommit = True
-            run(conn, info, args)
+            if args.refresh_docs:
+                for documents in args.refresh_docs.split(","):
+                    time_refresh(conn, int(documents))
+            else:
+                run(conn, info, args)
     finally:
         server.stop()
         if args.keep is None:
@@ -577,7 +651,8 @@ def query_items(
 def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
     log(
         f"load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s, HNSW {info['hnsw_s']:.0f} s,"
-        f" BM25 impact cache {info['lexical_cache_s']:.0f} s; sizes {info['sizes']}"
+        f" BM25 impact cache {info['lexical_cache_s']:.0f} s (filter value caches"
+        f" {info.get('filter_caches_s', 0):.0f} s of it); sizes {info['sizes']}"
     )
     if args.kb_prewarm:
         started = time.perf_counter()
