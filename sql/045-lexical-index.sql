@@ -386,8 +386,8 @@ begin
                                 where f.filter_kind = e.filter_kind and f.value = e.value)
              order by e.filter_kind, e.value
         loop
-            -- blocks of 2,000 slots at the default 16,000 (a value's new chunks rewrite its
-            -- last block: at most 2,000 chunks' impacts recomputed per value and refresh)
+            -- blocks of 2,000 slots at the default 16,000 (a block holding a chunk updated in
+            -- place is rewritten whole: at most 2,000 chunks' impacts recomputed for it)
             perform kb._refresh_filter_cache(v.filter_kind, v.value, v.fresh, state.watermark,
                                              max_id, n_chunks, use_avgdl,
                                              greatest(state.block_size / 8, 100));
