@@ -651,8 +651,13 @@ def query_items(
 def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Namespace) -> None:
     log(
         f"load {info['load_s']:.0f} s, GIN {info['gin_s']:.0f} s, HNSW {info['hnsw_s']:.0f} s,"
-        f" BM25 impact cache {info['lexical_cache_s']:.0f} s (filter value caches"
-        f" {info.get('filter_caches_s', 0):.0f} s of it); sizes {info['sizes']}"
+        f" BM25 impact cache {info['lexical_cache_s']:.0f} s"
+        + (
+            f" (filter value caches {info['filter_caches_s']:.0f} s of it)"
+            if "filter_caches_s" in info
+            else ""
+        )
+        + f"; sizes {info['sizes']}"
     )
     if args.kb_prewarm:
         started = time.perf_counter()
