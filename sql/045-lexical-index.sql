@@ -367,13 +367,17 @@ begin
            and (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
         delete from kb.lexical_filter_caches f
          where (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
+        -- (two scans, by id range and by the pending ids: as one OR it read every chunk)
         select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
           into touched_kinds, touched_values
           from (select distinct x.filter_kind, x.value
-                  from kb.chunks c
+                  from (select c.groups, c.category, c.labels from kb.chunks c
+                         where c.id > state.watermark and c.id <= max_id
+                        union all
+                        select c.groups, c.category, c.labels from kb.chunks c
+                          join kb.lexical_pending p on p.chunk_id = c.id) c
                  cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) x
-                 where (c.id > state.watermark and c.id <= max_id)
-                    or c.id = any (select p.chunk_id from kb.lexical_pending p)) t;
+                 where cardinality(eligible_kinds) > 0) t;
         for v in
             select e.filter_kind, e.value,
                    rebuilt_all or not state.filter_caches
