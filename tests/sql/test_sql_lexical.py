@@ -732,10 +732,10 @@ def refresh_with_value_caches(conn: psycopg.Connection[Any], low: int, high: int
 
 def test_filter_value_caches_serve_selective_filters_exactly(conn):
     """A filter value (group, category, label) the lexical arm masks gets an impact cache of
-    its own over its chunks, numbered in id order; a filter holding such a value sums it in
-    place of the masked blocks and ranks exactly, through updates in place, deletions and
-    refreshes; a value outside the limits loses its cache, and all do when they are switched
-    off."""
+    its own over its chunks (numbered in id order when built, then as they come); a filter
+    holding such a value sums it in place of the masked blocks and ranks exactly, through
+    updates in place, deletions, appends and refreshes; a value outside the limits loses its
+    cache, and all do when they are switched off."""
     documents = [
         {
             "groups": [["red"], ["blue"], ["red", "green"], [], ["blue"]][i % 5],
@@ -770,7 +770,8 @@ def test_filter_value_caches_serve_selective_filters_exactly(conn):
         assert (value_cache_reads(conn) > before) == summed, filters
 
     # chunks moved into "green", "faq" and label "c" in place are pending (scored exactly);
-    # the refresh rebuilds the caches of the values they left and joined
+    # the refresh gives them slots in the values they joined (the values they left keep a slot
+    # the rescoring drops until its block is rewritten)
     for column, value, was in (
         ("groups", "{green}", "{blue}"),
         ("category", "faq", "guide"),
