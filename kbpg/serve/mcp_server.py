@@ -218,7 +218,8 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
             "Find the passages of the knowledge base that answer a question. Returns an "
             "LLM-ready context block: numbered chunks ([1], [2], ...) with their document and "
             "section, then the sources they come from; the structured result also lists each "
-            "chunk with its score and rank per retrieval arm. Use it before answering any "
+            "chunk with its fused score, its similarity to the question and its rank per "
+            "retrieval arm. Use it before answering any "
             "question about the documents; ask in plain language (not keywords or SQL)."
         ),
     )

@@ -141,11 +141,16 @@ def test_null_embedding_runs_lexical_only(conn, kb):
 
 
 def test_no_lexical_hits_rank_by_similarity(conn, kb):
+    # score keeps one meaning (issue 42): the fused score, here RRF over the vector arm alone,
+    # whose order it keeps; the similarity stands beside it
     rows = search(conn, "xyzzy", [1, 0.2, 0])
     assert [r["chunk_id"] for r in rows] == [kb["a2"], kb["a1"]]
-    assert [r["score"] for r in rows] == [r["similarity"] for r in rows]
-    assert rows[0]["score"] == pytest.approx(
-        (0.9 + 0.02) / ((0.81 + 0.01) ** 0.5 * (1.04) ** 0.5), abs=1e-6
+    assert [r["score"] for r in rows] == pytest.approx([1 / 61, 1 / 62], abs=1e-12)
+    assert [r["similarity"] for r in rows] == pytest.approx(
+        [(0.9 + 0.02) / ((0.81 + 0.01) ** 0.5 * 1.04**0.5), 1 / 1.04**0.5], abs=1e-6
+    )
+    assert search(conn, "xyzzy", [1, 0.2, 0], vector_weight=2)[0]["score"] == pytest.approx(
+        2 / 61, abs=1e-12
     )
     blank_text = search(conn, "  ", [1, 0.2, 0])
     assert [r["chunk_id"] for r in blank_text] == [kb["a2"], kb["a1"]]
@@ -159,7 +164,8 @@ def test_lexical_failure_degrades_to_vector_with_notice(conn, kb):
     conn.execute("alter table kb.lexeme_stats rename to lexeme_stats_broken")
     rows = search(conn, "renew permit", [1, 0, 0])
     assert [r["chunk_id"] for r in rows] == [kb["a1"], kb["a2"]]
-    assert [r["score"] for r in rows] == [r["similarity"] for r in rows]
+    assert [r["score"] for r in rows] == pytest.approx([1 / 61, 1 / 62], abs=1e-12)
+    assert rows[0]["similarity"] == pytest.approx(1.0)
     assert any("lexical arm failed" in n for n in notices)
 
 
