@@ -241,6 +241,7 @@ DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb.bm25_shard_stats') is no
 LIST_DOCUMENTS: Final = (
     "select source, title, category, groups, labels, chunks, updated_at"
     " from kb.list_documents(group_name => %(group)s)"
+    " order by source limit %(limit)s offset %(offset)s"
 )
 # One document's chunks in reading order: the first of the sources that names one (a path as
 # given, then its absolute form).

@@ -72,7 +72,9 @@ def test_attribute_lists_never_reach_titles_text_or_output(
     assert {r["source"] for r in rows} == {
         str((site / p / "docs" / "release-notes.md").resolve()) for p in ("alpha", "beta")
     }
-    assert all("{" not in r["section"] + r["content_preview"].replace("{ #kept }", "") for r in rows)
+    assert all(
+        "{" not in r["section"] + r["content_preview"].replace("{ #kept }", "") for r in rows
+    )
     context = invoke_kbpg("search", "tokenizer hyphens", "--context", env=cli_env).stdout
     assert "#release-notes" not in context and ".md-button" not in context
 
