@@ -258,7 +258,9 @@ def documents() -> None:
 
 
 @documents.command("list")
-@click.option("--group", metavar="G", help="Only documents in group G.")
+@click.option(
+    "--group", metavar="G", help="Only documents in group G (public: also those without groups)."
+)
 @json_option
 @pass_app
 @handle_errors

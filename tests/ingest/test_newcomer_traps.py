@@ -45,6 +45,15 @@ def test_empty_page_is_skipped_and_strict_fails_on_it(
     assert (summary["added"], summary["skipped"], summary["failed"]) == (2, 1, 0)
     assert summary["skips"] == [{"where": video, "reason": "no text to index"}]
 
+    # ingested without a group, the documents are public: `--group public` finds them
+    notes = {str((site / p / "docs" / "release-notes.md").resolve()) for p in ("alpha", "beta")}
+    found = invoke_kbpg("search", "tokenizer", "--group", "public", "--json", env=cli_env)
+    assert {c["source"] for c in json.loads(found.stdout)["chunks"]} == notes
+    listed = invoke_kbpg("documents", "list", "--group", "public", "--json", env=cli_env)
+    assert {d["source"] for d in json.loads(listed.stdout)} == notes
+    other = invoke_kbpg("search", "tokenizer", "--group", "staff", "--json", env=cli_env)
+    assert json.loads(other.stdout)["chunks"] == []
+
     strict = invoke_kbpg("ingest", str(site), "-r", "--strict", env=cli_env)
     assert strict.returncode == 1
     assert "unchanged 2, removed 0, skipped 1, failed 0" in strict.stderr

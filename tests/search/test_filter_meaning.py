@@ -55,6 +55,7 @@ def test_labels_mean_all_of_them_groups_any(env: dict[str, str]) -> None:
 def test_every_help_says_all_for_labels() -> None:
     help_text = " ".join(CliRunner().invoke(main, ["search", "--help"]).stdout.split())
     assert "labelled L (repeatable: carrying all of the labels)" in help_text
-    assert "group G (repeatable: in any of the groups)" in help_text
+    assert "group G (repeatable: in any of the groups; public: also the documents" in help_text
     page = (Path(__file__).parents[2] / "kbpg/serve/web/index.html").read_text()
     assert "labels: a chunk carrying all of them" in page
+    assert "public: also chunks without groups" in page

@@ -242,3 +242,43 @@ def test_refresh_on_an_empty_knowledge_base(conn):
     row = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
     assert row is not None and (row[1], row[2]) == (0, 0)
     assert conn.execute("select * from kb.search('anything')").fetchall() == []
+
+
+def test_group_public_names_the_documents_without_groups(conn):
+    """Issue 42: documents ingested without a group are public (every reader may read them);
+    the filter `groups => '{public}'` keeps them, with those that name the group, on every arm
+    and every path of the lexical arm (the exact scan, the cache with and without bitmaps)."""
+    conn.execute("select kb.set_embedding_space('test-model', 3)")
+    plain = add_doc(conn, "plain.md")
+    named = add_doc(conn, "named.md", groups=["public", "residents"])
+    staff = add_doc(conn, "staff.md", groups=["staff"])
+    p1 = add_chunk(conn, plain, "renew your parking permit", [1, 0, 0])
+    n1 = add_chunk(conn, named, "parking permit renewal fees", [0.9, 0.1, 0])
+    s1 = add_chunk(conn, staff, "renew the staff parking permit", [0.95, 0, 0.05])
+    g1 = add_chunk(conn, plain, "bicycle storage", [0, 1, 0])
+    add_edge(conn, s1, g1, 0.9)
+    add_edge(conn, p1, g1, 0.9)
+    public = {p1, n1}
+    rows = search(conn, "renew parking permit", [1, 0, 0], groups=["public"])
+    assert {r["chunk_id"] for r in rows} == public
+    assert {
+        r["chunk_id"] for r in search(conn, "renew parking permit", groups=["public"])
+    } == public
+    graph = search(conn, "renew parking permit", [1, 0, 0], groups=["public"], use_graph=True)
+    assert {r["chunk_id"] for r in graph} == public | {g1}
+    assert {r["chunk_id"] for r in search(conn, "renew permit", [1, 0, 0], groups=["staff"])} == {
+        s1
+    }
+    lexical = (
+        "select chunk_id from kb.search_lexical('renew parking permit', 10, groups => '{public}')"
+    )
+    assert {r[0] for r in conn.execute(lexical)} == public
+    conn.execute("select kb.refresh_lexical_index()")
+    conn.execute("select set_config('kb.lexical_exhaustive_limit', '0', true)")
+    assert {r[0] for r in conn.execute(lexical)} == public
+    conn.execute("update kb.lexical_state set filter_masks = false")
+    assert {r[0] for r in conn.execute(lexical)} == public
+    vector = "select chunk_id from kb.search_vector('[1,0,0]', 10, groups => '{public}')"
+    assert {r[0] for r in conn.execute(vector)} == public
+    listed = conn.execute("select source from kb.list_documents(group_name => 'public')")
+    assert [r[0] for r in listed] == ["named.md", "plain.md"]
