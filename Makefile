@@ -3,13 +3,24 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
+RUN_STAMP := $(VENV)/.installed-run
 export ORT_DISABLE_TELEMETRY := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install browser demo test test-fast lint format typecheck check bench clean
+.PHONY: help install dev browser demo test test-fast lint format typecheck check bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
+
+# what running kbpg needs (the CLI, the HTTP server and page, `kbpg mcp`), without the test
+# and lint toolchain (1.1 GB with it); a venv with the dev tools already has it
+$(RUN_STAMP): pyproject.toml
+	@if [ -f $(STAMP) ] && [ $(STAMP) -nt pyproject.toml ]; then :; else \
+		$(PYTHON) -m venv $(VENV) && \
+		$(BIN)/pip install --quiet --upgrade pip && \
+		$(BIN)/pip install --quiet -e '.[mcp]'; \
+	fi
+	touch $(RUN_STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -17,13 +28,18 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[dev]'
 	touch $(STAMP)
 
-install: $(STAMP) ## create .venv and install kbpg with dev tools
+install: $(STAMP) ## create .venv and install kbpg with dev tools (tests, lint, types)
 
-demo: $(STAMP) ## start the embedded PostgreSQL, migrate, ingest the sample KB and search it
+dev: install ## the same as install
+
+demo: $(RUN_STAMP) ## start the embedded PostgreSQL, migrate, ingest the sample KB and search it
 	$(BIN)/kbpg db upgrade
 	$(BIN)/kbpg db status
 	$(BIN)/kbpg ingest samples/kb --recursive
 	$(BIN)/kbpg search "how do I renew a parking permit"
+	@echo
+	@echo "kbpg is installed in $(VENV)/bin; to type kbpg in this shell, run:"
+	@echo "  . $(VENV)/bin/activate"
 
 browser: ## Debian's chromium + chromedriver for the search page's browser test (when missing)
 	@if ! command -v chromium >/dev/null || ! command -v chromedriver >/dev/null; then \

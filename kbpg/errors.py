@@ -66,6 +66,11 @@ class IngestError(KbpgError):
     """A source could not be read or ingested."""
 
 
+class EmptyDocument(IngestError):
+    """A source holds no text to index (a page that is only an iframe): skipped with a warning,
+    not a failure, unless the ingest is strict."""
+
+
 class NotFound(KbpgError):
     """The thing asked for does not exist (or the caller may not see it)."""
 

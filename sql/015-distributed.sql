@@ -561,6 +561,8 @@ declare
     cut_docs bigint[];
     cut_inputs integer[];
 begin
+    -- (vector_only is no longer read: score is always the fused score; the parameter stays so
+    -- that the signature does not change)
     -- kb.search's fusion and cut, with each chunk's document taken from the arm that found it
     -- (the single-server statement joins the fused ids to kb.chunks for them, and the cut to
     -- kb.chunks and kb.documents for the rows: a join to a function's rows, which Citus runs
@@ -587,8 +589,7 @@ begin
     return query
     select pg_catalog.array_position(cut_ids, c.id), c.id, c.document_id, d.source, d.title,
            c.section, c.content,
-           case when vector_only then b.similarity
-                else fused_scores[cut_inputs[pg_catalog.array_position(cut_ids, c.id)]] end,
+           fused_scores[cut_inputs[pg_catalog.array_position(cut_ids, c.id)]],
            b.similarity,
            fused_vector_ranks[cut_inputs[pg_catalog.array_position(cut_ids, c.id)]],
            fused_lexical_ranks[cut_inputs[pg_catalog.array_position(cut_ids, c.id)]],

@@ -1,6 +1,8 @@
 -- kbpg: what every retrieval arm shares — the chunk filters and argument checks.
 -- Filter semantics (the same on every arm):
---   groups   — the chunk shares at least one group with the list (overlap, &&);
+--   groups   — the chunk shares at least one group with the list (overlap, &&); the name
+--              'public' also keeps the chunks without groups, which every reader may read
+--              (kb._visible_to): public documents have one name, grouped or not;
 --   category — the chunk's category equals it;
 --   labels   — the chunk carries every listed label (containment, @>).
 -- NULL or an empty list means "no filter" for that field.
@@ -25,7 +27,11 @@ security invoker
 -- so its names were bound when it was created (search_path pg_catalog, pg_temp), none at run time
 return concat_ws(' and ', 'true',
     case when coalesce(cardinality(filter_groups), 0) > 0
-         then format('%I.groups operator(pg_catalog.&&) %s', chunk_alias, groups_param) end,
+              and pg_catalog.array_position(filter_groups, 'public') is null
+         then format('%I.groups operator(pg_catalog.&&) %s', chunk_alias, groups_param)
+         when coalesce(cardinality(filter_groups), 0) > 0
+         then format('(%1$I.groups operator(pg_catalog.&&) %2$s or %1$I.groups operator(pg_catalog.=) ''{}''::text[])',
+                     chunk_alias, groups_param) end,
     case when filter_category is not null
          then format('%I.category operator(pg_catalog.=) %s', chunk_alias, category_param) end,
     case when coalesce(cardinality(filter_labels), 0) > 0
@@ -36,7 +42,7 @@ return concat_ws(' and ', 'true',
                      chunk_alias, visible_param) end);
 comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], text, text[], text[]) is
     'The WHERE predicate (for EXECUTE ... USING) that applies the groups/category/labels '
-    'filters and the caller''s visibility (chunks without groups, or sharing one of '
+    'filters (group ''public'' also keeps chunks without groups) and the caller''s visibility (chunks without groups, or sharing one of '
     'visible_groups; none when NULL) to a kb.chunks alias; only the filters actually given '
     'appear, so the planner sees a plain indexable predicate.';
 
@@ -56,12 +62,15 @@ as $$
             or coalesce(cardinality(filter_labels), 0) > 0)
            -- a NULL label matches no chunk (labels @> '{NULL}' is never true): not a bitmap's
            and pg_catalog.array_position(filter_labels, null) is null
+           -- 'public' keeps the chunks without groups, which no group's bitmap holds
+           and pg_catalog.array_position(filter_groups, 'public') is null
            and not kb._distributed()
            and coalesce((select l.filter_masks from kb.lexical_state l), false)
 $$;
 comment on function kb._filter_masks_serve(text[], text, text[]) is
     'Whether kb.lexical_filter_masks serves these filters (kb._filter_masks): at least one '
-    'given, on a single server, with the bitmaps covering the impact cache (sql/045).';
+    'given (not the group ''public'', which keeps chunks without groups too), on a single '
+    'server, with the bitmaps covering the impact cache (sql/045).';
 
 create or replace function kb._filter_masks(
     filter_groups text[],
@@ -113,7 +122,7 @@ as $$
     -- group when there is one, the category, or a label, whichever has a cache and fewest chunks
     select f.cache_id, f.chunk_count, f.block_size
       from kb.lexical_filter_caches f
-     where (f.filter_kind = 'group' and f.value = filter_groups[1]
+     where (f.filter_kind = 'group' and f.value = filter_groups[1] and f.value <> 'public'
             and (select pg_catalog.count(distinct g) from pg_catalog.unnest(filter_groups) g) = 1)
         or (f.filter_kind = 'category' and f.value = filter_category)
         or (f.filter_kind = 'label' and f.value = any (filter_labels))
@@ -204,11 +213,13 @@ immutable
 parallel safe
 security invoker
 -- no SET clause, so that it is inlined per row (see kb._chunk_filter_sql)
-return (coalesce(cardinality(filter_groups), 0) = 0 or chunk_groups && filter_groups)
+return (coalesce(cardinality(filter_groups), 0) = 0 or chunk_groups && filter_groups
+        or (chunk_groups = '{}' and 'public' = any (filter_groups)))
    and (filter_category is null or chunk_category = filter_category)
    and (coalesce(cardinality(filter_labels), 0) = 0 or chunk_labels @> filter_labels);
 comment on function kb._chunk_matches_filters(text[], text, text[], text[], text, text[]) is
-    'Row-wise form of the chunk filters (groups overlap, category equality, all labels), '
+    'Row-wise form of the chunk filters (groups overlap or ''public'' for none, category '
+    'equality, all labels), '
     'for the few rows an arm has already narrowed down.';
 
 create or replace function kb._check_match_count(match_count integer)

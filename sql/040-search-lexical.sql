@@ -529,7 +529,8 @@ begin
                        and t.lexeme <> all (rare_terms)
                        -- a split cache: the groups filter picks the classes (a class is a chunk's groups)
                        and (not state.split_by_groups or coalesce(cardinality(_search_lexical.groups), 0) = 0
-                            or b.groups operator(pg_catalog.&&) _search_lexical.groups)
+                            or b.groups operator(pg_catalog.&&) _search_lexical.groups
+                            or (b.groups = '{}' and 'public' = any (_search_lexical.groups)))
                        -- a reader's call: the classes it may read (the cache is split: see exhaustive)
                        and (not restricted or b.groups = '{}'
                             or b.groups operator(pg_catalog.&&) _search_lexical.visible_groups)

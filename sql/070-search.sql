@@ -4,8 +4,9 @@
 -- default; seeds are the vector hits, or the lexical hits when there is no embedding).
 -- Each arm fetches a pool of match_count * fetch_multiplier candidates (at most 1000) under
 -- the same filters; the lists are fused with weighted RRF, capped per document (over-cap
--- chunks move to the tail), and the top match_count returned. With no lexical and no graph
--- hits the vector order stands and score is the cosine similarity. A lexical arm that fails
+-- chunks move to the tail), and the top match_count returned. score is always the fused RRF
+-- score (with no lexical and no graph hits, RRF over the vector arm alone: the vector order
+-- stands, score 1/(rrf_k + rank) times its weight). A lexical arm that fails
 -- leaves the vector arm alone, with a NOTICE. similarity is the cosine similarity of every
 -- returned chunk when an embedding is given (also of chunks only other arms found), else NULL;
 -- vector_rank / lexical_rank / graph_rank are each arm's rank (from 1), NULL where it missed;
@@ -176,7 +177,7 @@ begin
 
     return query
     select p.rank, c.id, c.document_id, d.source, d.title, c.section, c.content,
-           case when vector_only then b.similarity else fused_scores[p.input_rank] end,
+           fused_scores[p.input_rank],
            b.similarity,
            fused_vector_ranks[p.input_rank], fused_lexical_ranks[p.input_rank],
            fused_graph_ranks[p.input_rank], p.input_rank
@@ -193,7 +194,9 @@ end
 $$;
 comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
-    '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. NULL '
+    '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. Filters: '
+    'groups => chunks in any of the groups, category => that category, labels => chunks '
+    'carrying all of the labels. NULL '
     'embedding: lexical (+ graph) only. extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '
     'uncapped and uncut, for a reranker. A reader finds only the chunks it may read. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';

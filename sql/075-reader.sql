@@ -46,13 +46,16 @@ begin
              where c.document_id = d.id and kb._visible_to(c.groups, visible)),
            d.updated_at
       from kb.documents d
-     where (list_documents.group_name is null or list_documents.group_name = any (d.groups))
+     where (list_documents.group_name is null or list_documents.group_name = any (d.groups)
+            -- 'public' names the documents without groups too, as the search filter does
+            or (list_documents.group_name = 'public' and d.groups = '{}'))
        and kb._visible_to(d.groups, visible)
      order by d.source;
 end
 $$;
 comment on function kb.list_documents(text) is
-    'The documents the caller may read (of one group when group_name is given), by source, with '
+    'The documents the caller may read (of one group when group_name is given; ''public'' also '
+    'lists those without groups), by source, with '
     'their chunk counts.';
 
 create or replace function kb.get_document(variadic sources text[])

@@ -590,8 +590,11 @@ begin
     if pg_catalog.has_table_privilege('kb.access_settings', 'SELECT') then
         select coalesce(a.writer_role, worker) into worker from kb.access_settings a;
     end if;
+    -- kbpg sync reads as the role it logs in as: a role that reads the table itself (the
+    -- embedded default's superuser) runs it fine whatever the writer role may read
     if pg_catalog.to_regrole(pg_catalog.quote_ident(worker)) is not null
-       and not pg_catalog.has_table_privilege(worker, relation, 'SELECT') then
+       and not pg_catalog.has_table_privilege(worker, relation, 'SELECT')
+       and not pg_catalog.has_table_privilege(relation, 'SELECT') then
         raise warning 'kbpg sync running as % cannot read %', worker, relation
             using hint = format('grant select on %s to %I;', relation, worker);
     end if;
@@ -603,7 +606,8 @@ begin
 end
 $$;
 comment on function kb._source_warn_reader(regclass) is
-    'Warn (with the grant) when kbpg''s writer role cannot read the table, or when row-level '
+    'Warn (with the grant) when neither kbpg''s writer role nor the current role can read the '
+    'table, or when row-level '
     'security could hide rows from the worker.';
 
 create or replace function kb.add_table_source(

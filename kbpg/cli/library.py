@@ -31,7 +31,10 @@ class _ProgressLine(StatusLine):
 
     def __call__(self, event: Any) -> None:
         for failure in event.failures:
-            self.note(f"skipped {printable(failure.where)}: {printable(failure.reason)}")
+            self.note(
+                ("Warning: skipped " if failure.empty else "skipped ")
+                + f"{printable(failure.where)}: {printable(failure.reason)}"
+            )
         self.show(
             f"{self.label}: {event.documents} documents, {event.chunks} chunks, "
             f"{event.chunks_per_s:.0f} chunks/s"
@@ -62,7 +65,8 @@ def _index_progress(event: Any) -> None:
 def _summary_line(summary: Any) -> str:
     line = (
         f"added {summary.added}, updated {summary.updated}, unchanged {summary.unchanged}, "
-        f"removed {summary.removed}, failed {summary.failed}; {summary.chunks} chunks, "
+        f"removed {summary.removed}, skipped {summary.skipped}, failed {summary.failed}; "
+        f"{summary.chunks} chunks, "
         f"{summary.edges} edges in {summary.total_s:.1f} s ({summary.chunks_per_s:.0f} chunks/s; "
         f"embedding {summary.embed_s:.1f} s, database {summary.database_s:.1f} s)"
     )
@@ -133,6 +137,12 @@ def _summary_line(summary: Any) -> str:
     help="Read symlinks that point outside PATHS (skipped and reported by default).",
 )
 @click.option(
+    "--strict",
+    is_flag=True,
+    help="Exit 1 when a file holds no text to index too (by default it is skipped with a "
+    "warning and counted as skipped).",
+)
+@click.option(
     "--metrics-port",
     type=click.IntRange(1, 65535),
     metavar="PORT",
@@ -156,14 +166,16 @@ def ingest(
     contextual: bool | None,
     max_file_bytes: int,
     follow_symlinks: bool,
+    strict: bool,
     metrics_port: int | None,
     as_json: bool,
 ) -> None:
     """Ingest files: .md .txt .html .pdf, and .jsonl (one document per line).
 
     Re-ingesting is idempotent: unchanged documents are skipped, changed ones replaced
-    atomically. Markdown front matter may set title, category, groups and labels. Exit code 1
-    when any file failed (the others are ingested).
+    atomically. Markdown front matter may set title, category, groups and labels. A file with
+    no text to index (a page that is only an iframe) is skipped with a warning. Exit code 1
+    when any file failed (the others are ingested), or with --strict was skipped.
     """
     import contextlib
     import json
@@ -200,7 +212,7 @@ def ingest(
         click.echo(f"Warning: {warning}", err=True)
     if as_json:
         click.echo(json.dumps(summary.as_dict(), indent=2))
-    if summary.failed:
+    if summary.failed or (strict and summary.skipped):
         click.get_current_context().exit(1)
 
 
@@ -246,7 +258,9 @@ def documents() -> None:
 
 
 @documents.command("list")
-@click.option("--group", metavar="G", help="Only documents in group G.")
+@click.option(
+    "--group", metavar="G", help="Only documents in group G (public: also those without groups)."
+)
 @json_option
 @pass_app
 @handle_errors
@@ -266,22 +280,42 @@ def documents_list(app: AppContext, group: str | None, as_json: bool) -> None:
 
 
 @documents.command("delete")
-@click.argument("sources", nargs=-1, required=True)
+@click.argument("sources", nargs=-1)
+@click.option("--all", "delete_all", is_flag=True, help="Delete every document: start afresh.")
+@click.option("--yes", "-y", is_flag=True, help="Do not ask before deleting --all (for scripts).")
 @lock_wait_option
 @pass_app
 @handle_errors
-def documents_delete(app: AppContext, sources: tuple[str, ...]) -> None:
-    """Delete documents (their chunks and edges) by SOURCE; a file path may be relative."""
-    from kbpg.ingest.maintenance import delete_documents
+def documents_delete(
+    app: AppContext, sources: tuple[str, ...], delete_all: bool, yes: bool
+) -> None:
+    """Delete documents (their chunks and edges) by the PATH you ingested, or by source.
 
+    A path may be relative, as you gave it to `kbpg ingest`; a folder deletes every document
+    ingested from under it (`kbpg documents delete samples/kb` removes the demo's documents).
+    `--all` deletes every document after asking (`--yes` does not ask); table sources keep
+    their definitions (`kbpg sources resync NAME` reads their rows again).
+    """
+    from kbpg.ingest.maintenance import delete_all_documents, delete_documents
+
+    if delete_all == bool(sources):
+        raise click.UsageError("give the paths or sources to delete, or --all (not both)")
+    if delete_all:
+        if not yes:
+            click.confirm("Delete every document of the knowledge base?", abort=True, err=True)
+        with app.knowledge_base() as kb:
+            count = delete_all_documents(kb.db)
+        click.echo(f"deleted {count} documents")
+        return
     with app.knowledge_base() as kb:
         deleted, missing = delete_documents(kb.db, list(sources))
     for source in deleted:
-        click.echo(f"deleted {source}")
+        click.echo(f"deleted {printable(source)}")
     if missing:
         raise KbpgError(
-            f"no such document: {', '.join(missing)}",
-            hint="`kbpg documents list` shows the sources",
+            f"no such document: {', '.join(map(printable, missing))}",
+            hint="give a path as you ingested it, a folder, or a source `kbpg documents list` "
+            "shows",
         )
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from kbpg.errors import IngestError, InvalidInput
+from kbpg.errors import EmptyDocument, IngestError, InvalidInput
 from kbpg.ingest.contextual import ContextTally, contexts_for_document
 from kbpg.ingest.document import Document, LoadFailure, check_filters
 from kbpg.ingest.prepare import (
@@ -135,13 +135,14 @@ class BatchPreparer:
                 item = prepare_document(document, digest, self.embedder)
             except IngestError as exc:
                 message = exc.message.removeprefix(f"{document.where}: ")
-                out.failures.append(LoadFailure(document.where, message))
+                empty = isinstance(exc, EmptyDocument)
+                out.failures.append(LoadFailure(document.where, message, empty=empty))
                 continue
             except Exception as exc:  # whatever chunking raises fails this document only
                 out.failures.append(LoadFailure(document.where, f"{type(exc).__name__}: {exc}"))
                 continue
             if not item.chunks:
-                out.failures.append(LoadFailure(document.where, "no text to index"))
+                out.failures.append(LoadFailure(document.where, "no text to index", empty=True))
                 continue
             item.document_id = old[0] if old is not None else None
             item.is_new = old is None

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from kbpg.errors import IngestError
+from kbpg.errors import EmptyDocument, IngestError
 from kbpg.ingest.chunking import Section
 from kbpg.ingest.limits import check_filter_name
 
@@ -49,10 +49,12 @@ class Document:
 
 @dataclass(frozen=True)
 class LoadFailure:
-    """A file (or JSONL line) that could not be read; ingest reports it and goes on."""
+    """A file (or JSONL line) that could not be read; ingest reports it and goes on. `empty`:
+    it was read but holds no text to index (counted as skipped, not failed, unless strict)."""
 
     where: str
     reason: str
+    empty: bool = False
 
 
 def string_list(value: Any, key: str, where: str) -> tuple[str, ...]:
@@ -106,4 +108,6 @@ def failure_of(exc: Exception, where: str, *, record: bool = False) -> LoadFailu
         reason = f"invalid JSON: {exc}"
     else:  # a library's surprise is this file's failure, never the end of the run
         reason = f"cannot read: {type(exc).__name__}: {exc}"
-    return LoadFailure(where, reason.removeprefix(f"{where}: "))
+    return LoadFailure(
+        where, reason.removeprefix(f"{where}: "), empty=isinstance(exc, EmptyDocument)
+    )

@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from kbpg.errors import IngestError
+from kbpg.errors import EmptyDocument, IngestError
 from kbpg.ingest.chunking import Section
 from kbpg.ingest.document import Document, LoadFailure, category_of, failure_of, string_list
 from kbpg.ingest.html import html_sections, html_text, html_title
@@ -77,7 +77,7 @@ def _document(
     # one section (a text file): its string is the document's text, not a stripped copy
     text = sections[0].text if len(sections) == 1 else "\n\n".join(s.text.strip() for s in sections)
     if not text or text.isspace():
-        raise IngestError(f"{path}: no text to index")
+        raise EmptyDocument(f"{path}: no text to index")
     meta = json_metadata({"format": fmt, **(metadata or {})}, str(path))
     return Document(
         source=str(path.resolve()),
@@ -130,16 +130,32 @@ def split_front_matter(text: str, where: str) -> tuple[dict[str, Any], str]:
     return {str(k): v for k, v in data.items()}, text[match.end() :]
 
 
+# An attribute list of Python-Markdown's attr_list (MkDocs, Material): `{ #id }`, `{ .class }`,
+# `{: #id .cls key="v" }` after a heading, a link, an image or a block; markup, never text.
+# Every item must be an id, a class or a key=value, so `{name}` or `{}` in prose stays.
+_ATTR_ITEM = r"""(?:[#.][A-Za-z_][\w:.-]*|[A-Za-z_][\w-]*=(?:"[^"\n]*"|'[^'\n]*'|[^\s{}"']+))"""
+ATTRIBUTE_LIST = re.compile(r"[ \t]*\{:?[ \t]*" + _ATTR_ITEM + r"(?:[ \t]+" + _ATTR_ITEM
+                            + r")*[ \t]*:?\}")  # fmt: skip
+
+
+def strip_attribute_lists(text: str) -> str:
+    """`text` without MkDocs attribute lists (`Install { #install }` is `Install`)."""
+    return ATTRIBUTE_LIST.sub("", text) if "{" in text else text
+
+
 def _markdown_inline(children: Sequence[Any], builder: SectionBuilder | None) -> str:
-    """Plain text of an inline token's children; links are recorded on the builder."""
+    """Plain text of an inline token's children, attribute lists stripped (code spans keep
+    theirs); links are recorded on the builder."""
     out: list[str] = []
     for child in children:
         kind = child.type
         if kind == "link_open" and builder is not None:
-            builder.text("".join(out))
+            builder.text(strip_attribute_lists("".join(out)))
             out = []
             builder.link(str(child.attrGet("href") or ""))
-        elif kind in ("text", "code_inline") or kind == "image":
+        elif kind == "text":
+            out.append(strip_attribute_lists(child.content))
+        elif kind == "code_inline" or kind == "image":
             out.append(child.content)
         elif kind in ("softbreak", "hardbreak"):
             out.append(" " if kind == "softbreak" else "\n")

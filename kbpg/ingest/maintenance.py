@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -28,23 +29,40 @@ from kbpg.store.sessions import Database, Principal
 def delete_documents(
     db: Database, sources: Sequence[str], *, principal: Principal | None = None
 ) -> tuple[list[str], list[str]]:
-    """Delete documents by source (a path also matches its absolute form); (deleted, missing).
+    """Delete documents by the path (or source) they were ingested by; (deleted, missing).
 
-    One transaction: the documents, their chunks and edges, and the derived edges and
-    lexical cache change together.
+    A path also matches its absolute form, as ingest resolves it, and a folder matches every
+    document ingested from under it (`samples/kb` deletes the demo's documents). A source that
+    matches nothing is missing. One transaction: the documents, their chunks and edges, and the
+    derived edges and lexical cache change together.
     """
     deleted: list[str] = []
     missing: list[str] = []
     with writer(db, principal) as conn, db.transaction(conn, principal, write=True):
         for source in sources:
-            row = conn.execute(
-                queries.DELETE_DOCUMENT_BY_SOURCE, (source_candidates(source),)
-            ).fetchone()
-            (deleted if row else missing).append(row[0] if row else source)
+            candidates = source_candidates(source)
+            folders = [c.rstrip("/") + "/" for c in candidates if os.path.isabs(c)]
+            rows = conn.execute(
+                queries.DELETE_DOCUMENTS_BY_PATH, {"sources": candidates, "folders": folders}
+            ).fetchall()
+            deleted += sorted(str(r[0]) for r in rows)
+            if not rows:
+                missing.append(source)
         if deleted:
             refresh_edges(conn)
             conn.execute(queries.REFRESH_LEXICAL_INDEX)
     return deleted, missing
+
+
+def delete_all_documents(db: Database, *, principal: Principal | None = None) -> int:
+    """Delete every document (with its chunks and edges): a fresh start; how many there were.
+    Table sources keep their definitions (`kbpg sources resync` reads their rows again)."""
+    with writer(db, principal) as conn, db.transaction(conn, principal, write=True):
+        count = conn.execute(queries.DELETE_ALL_DOCUMENTS).rowcount
+        if count:
+            refresh_edges(conn)
+            conn.execute(queries.REFRESH_LEXICAL_INDEX)
+    return max(count, 0)
 
 
 # -- re-embedding -----------------------------------------------------------------------------

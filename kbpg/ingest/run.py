@@ -88,9 +88,11 @@ class IngestSummary:
     unchanged: int = 0
     removed: int = 0
     failed: int = 0
+    skipped: int = 0  # documents with no text to index (a warning each; a failure when strict)
     chunks: int = 0
     edges: int = 0
     failures: list[LoadFailure] = field(default_factory=list)
+    skips: list[LoadFailure] = field(default_factory=list)
     # what did not go as planned without failing anything (a vector index kept, ...)
     warnings: list[str] = field(default_factory=list)
     contexts: ContextTally = field(default_factory=ContextTally)
@@ -118,6 +120,7 @@ class IngestSummary:
             "unchanged": self.unchanged,
             "removed": self.removed,
             "failed": self.failed,
+            "skipped": self.skipped,
             "chunks": self.chunks,
             "edges": self.edges,
             "seconds": {
@@ -127,6 +130,7 @@ class IngestSummary:
                 "database": round(self.database_s, 3),
             },
             "failures": [{"where": f.where, "reason": f.reason} for f in self.failures],
+            "skips": [{"where": f.where, "reason": f.reason} for f in self.skips],
             "warnings": list(self.warnings),
             "contexts": {
                 "written": self.contexts.written,
@@ -219,8 +223,12 @@ class _Run:
         self.deferral: indexing.IndexDeferral | None = None
 
     def fail(self, failure: LoadFailure) -> None:
-        self.summary.failed += 1
-        self.summary.failures.append(failure)
+        if failure.empty:
+            self.summary.skipped += 1
+            self.summary.skips.append(failure)
+        else:
+            self.summary.failed += 1
+            self.summary.failures.append(failure)
         self._pending_failures.append(failure)
 
     def report(self) -> None:

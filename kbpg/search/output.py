@@ -23,12 +23,16 @@ def _score(value: float) -> float:
 
 
 def render_toon(result: SearchResult) -> str:
-    """`chunks[N]{document,section,score,content_preview}:` then one row per chunk."""
+    """`chunks[N]{document,source,section,score,similarity,content_preview}:` then one row per
+    chunk: the source tells documents of the same title apart; score is the fused (RRF) score,
+    similarity the vector arm's cosine similarity (null without a query embedding)."""
     rows = [
         {
             "document": chunk.document,
+            "source": chunk.source,
             "section": chunk.section,
             "score": _score(chunk.score),
+            "similarity": None if chunk.similarity is None else _score(chunk.similarity),
             "content_preview": preview(chunk.content),
         }
         for chunk in result.chunks

@@ -77,11 +77,11 @@ class SearchRequest:
         "int", "Number of chunks to return.", 1, 1000, sql="match_count",
         env="KBPG_DEFAULT_MAX_CHUNKS", default_note="8", flag="--top", short="-k")
     groups: tuple[str, ...] | None = _field(
-        "texts", "Only documents in group G (repeatable; any of them).", flag="--group",
-        metavar="G")
+        "texts", "Only documents in group G (repeatable: in any of the groups; public: also "
+        "the documents without groups).", flag="--group", metavar="G")
     category: str | None = _field("text", "Only documents of category C.", metavar="C")
     labels: tuple[str, ...] | None = _field(
-        "texts", "Only chunks labelled L (repeatable; any of them).", flag="--label",
+        "texts", "Only chunks labelled L (repeatable: carrying all of the labels).", flag="--label",
         metavar="L")
     min_similarity: float | None = _field(
         "float", "Similarity floor of the vector arm.", -1.0, 1.0,

@@ -25,8 +25,8 @@ class Chunk:
     source: str
     section: str
     content: str
-    score: float
-    similarity: float | None
+    score: float  # the fused RRF score, sum of weight / (rrf_k + arm rank), whatever arms found it
+    similarity: float | None  # cosine similarity to the question (None without an embedding)
     vector_rank: int | None
     lexical_rank: int | None
     graph_rank: int | None

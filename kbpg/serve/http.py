@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import FileResponse, JSONResponse, Response
 from fastapi.staticfiles import StaticFiles
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from starlette.exceptions import HTTPException
 
 from kbpg.app import Cancellation, KnowledgeBase, Principal
 from kbpg.config import Settings
@@ -133,6 +134,27 @@ class ErrorResponse(BaseModel):
     error: str
     message: str
     hint: str | None = None
+
+
+class ValidationErrorResponse(ErrorResponse):
+    """A request that is not valid: the first problem in `message`, each one in `detail`."""
+
+    detail: list[dict[str, Any]]
+
+
+# the error names of the HTTP errors the framework raises itself (no route, wrong method, ...)
+_HTTP_ERRORS: dict[int, tuple[str, str | None]] = {
+    400: ("BadRequest", "check the request's syntax and headers"),
+    404: ("NotFound", f"the API is POST {SEARCH_PATH}; GET /docs describes it"),
+    405: ("MethodNotAllowed", "the Allow header lists the methods this path takes"),
+}
+
+
+def http_error_response(exc: HTTPException) -> JSONResponse:
+    """An HTTP error the framework raised, in kbpg's error shape."""
+    name, hint = _HTTP_ERRORS.get(exc.status_code, ("HTTPError", None))
+    body = ErrorResponse(error=name, message=_printable(str(exc.detail)), hint=hint)
+    return JSONResponse(body.model_dump(), status_code=exc.status_code, headers=exc.headers)
 
 
 # What a client is told for each error: what to do, never PostgreSQL's own text, paths or role
@@ -280,7 +302,20 @@ def create_app(
              "msg": _printable(error["msg"])}
             for error in exc.errors()
         ]  # fmt: skip
-        return JSONResponse({"detail": detail}, status_code=422)
+        first = detail[0] if detail else {"loc": [], "msg": "invalid request"}
+        where = ".".join(str(part) for part in first["loc"] if part != "body")
+        body = ValidationErrorResponse(
+            error="InvalidRequest",
+            message=f"{where}: {first['msg']}" if where else str(first["msg"]),
+            hint=f"POST {SEARCH_PATH} takes a JSON object with a query; GET /docs lists the fields"
+            + (f" ({len(detail)} problems: see detail)" if len(detail) > 1 else ""),
+            detail=detail,
+        )
+        return JSONResponse(body.model_dump(), status_code=422)
+
+    @app.exception_handler(HTTPException)
+    async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
+        return http_error_response(exc)
 
     @app.post(
         SEARCH_PATH,
@@ -289,6 +324,7 @@ def create_app(
             401: {"model": ErrorResponse},
             403: {"model": ErrorResponse},
             413: {"model": ErrorResponse},
+            422: {"model": ValidationErrorResponse},
             503: {"model": ErrorResponse, "description": "busy (Retry-After) or not ready"},
             504: {"model": ErrorResponse},
         },

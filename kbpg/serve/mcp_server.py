@@ -21,7 +21,7 @@ from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field
 
 from kbpg import __version__
-from kbpg.errors import KbpgError
+from kbpg.errors import InvalidInput, KbpgError
 from kbpg.search.request import OPTIONS, SearchRequest
 
 if TYPE_CHECKING:
@@ -37,6 +37,9 @@ INSTRUCTIONS = (
     "block with its sources; cite chunks by their [number]. list_documents shows what the "
     "knowledge base holds; get_document returns one document's chunks in reading order."
 )
+# list_documents answers a page at a time: 275 documents unpaged were 138 KB of an agent's context
+LIST_LIMIT = 50
+MAX_LIST_LIMIT = 500
 _READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
 
@@ -84,12 +87,26 @@ class KnowledgeBaseTools:
             content=[TextContent(type="text", text=text)], structured_content=payload
         )
 
-    def documents(self, group: str | None) -> CallToolResult:
+    def documents(self, group: str | None, limit: int | None, offset: int | None) -> CallToolResult:
+        """A page of the documents: `next_offset` is where the next page starts (None: done)."""
         from kbpg.store.catalog import list_documents
 
+        limit = LIST_LIMIT if limit is None else limit
+        offset = 0 if offset is None else offset
         with _tool_errors():
-            rows = [d.as_dict() for d in list_documents(self.knowledge_base().db, group=group)]
-        return _json_result({"documents": rows})
+            if not 1 <= limit <= MAX_LIST_LIMIT or offset < 0:
+                raise InvalidInput(
+                    f"limit must be 1 to {MAX_LIST_LIMIT} and offset >= 0, not {limit}, {offset}",
+                    hint="page with offset => next_offset",
+                )
+            found = list_documents(
+                self.knowledge_base().db, group=group, limit=limit + 1, offset=offset
+            )
+        rows = [d.as_dict() for d in found[:limit]]
+        more = len(found) > limit
+        return _json_result(
+            {"documents": rows, "offset": offset, "next_offset": offset + limit if more else None}
+        )
 
     def document(self, source: str) -> CallToolResult:
         from kbpg.store.catalog import document_chunks
@@ -124,7 +141,11 @@ TOOL_ARGUMENTS: dict[str, dict[str, tuple[str, bool]]] = {
         "category": ("string", False),
         "labels": ("list of strings", False),
     },
-    "list_documents": {"group": ("string", False)},
+    "list_documents": {
+        "group": ("string", False),
+        "limit": ("integer", False),
+        "offset": ("integer", False),
+    },
     "get_document": {"source": ("string", True)},
 }
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -218,7 +239,8 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
             "Find the passages of the knowledge base that answer a question. Returns an "
             "LLM-ready context block: numbered chunks ([1], [2], ...) with their document and "
             "section, then the sources they come from; the structured result also lists each "
-            "chunk with its score and rank per retrieval arm. Use it before answering any "
+            "chunk with its fused score, its similarity to the question and its rank per "
+            "retrieval arm. Use it before answering any "
             "question about the documents; ask in plain language (not keywords or SQL)."
         ),
     )
@@ -245,14 +267,23 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         annotations=_READ_ONLY,
         description=(
             "List the documents in the knowledge base: source (its id or path), title, "
-            "category, groups, labels and number of chunks. Use it to see what the knowledge "
-            "base covers, or to find a source for get_document."
+            "category, groups, labels and number of chunks, by source, a page at a time "
+            f"({LIST_LIMIT} unless limit says otherwise); next_offset is the offset of the next "
+            "page (null after the last). Use it to see what the knowledge base covers, or to "
+            "find a source for get_document."
         ),
     )
     def list_documents(
         group: Annotated[str | None, Field(description="Only documents in this group.")] = None,
+        limit: Annotated[
+            int | None,
+            Field(description=f"Documents per page, 1 to {MAX_LIST_LIMIT}. Default {LIST_LIMIT}."),
+        ] = None,
+        offset: Annotated[
+            int | None, Field(description="Skip this many documents (a next_offset). Default 0.")
+        ] = None,
     ) -> CallToolResult:
-        return tools.documents(group)
+        return tools.documents(group, limit, offset)
 
     @server.tool(
         name="get_document",

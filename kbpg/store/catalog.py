@@ -29,12 +29,20 @@ class DocumentInfo:
 
 
 def list_documents(
-    db: Database, *, group: str | None = None, principal: Principal | None = None
+    db: Database,
+    *,
+    group: str | None = None,
+    principal: Principal | None = None,
+    limit: int | None = None,
+    offset: int = 0,
 ) -> list[DocumentInfo]:
-    """The documents (of `group`), ordered by source."""
+    """The documents (of `group`), ordered by source: `limit` of them (None: all) from the
+    `offset`-th on."""
     with db.session(principal) as conn:
         kdb.require_schema(conn)
-        rows = conn.execute(queries.LIST_DOCUMENTS, {"group": group}).fetchall()
+        rows = conn.execute(
+            queries.LIST_DOCUMENTS, {"group": group, "limit": limit, "offset": offset}
+        ).fetchall()
     return [
         DocumentInfo(
             source=r[0],

@@ -241,6 +241,7 @@ DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb.bm25_shard_stats') is no
 LIST_DOCUMENTS: Final = (
     "select source, title, category, groups, labels, chunks, updated_at"
     " from kb.list_documents(group_name => %(group)s)"
+    " order by source limit %(limit)s offset %(offset)s"
 )
 # One document's chunks in reading order: the first of the sources that names one (a path as
 # given, then its absolute form).
@@ -251,6 +252,15 @@ DOCUMENT_CHUNKS: Final = (
 DELETE_DOCUMENT_BY_SOURCE: Final = (
     "delete from kb.documents where source = any(%s) returning source"
 )
+# a source as given or resolved, or a folder: the documents ingested from under it
+DELETE_DOCUMENTS_BY_PATH: Final = """
+delete from kb.documents d
+ where d.source = any(%(sources)s)
+    or exists (select 1 from pg_catalog.unnest(%(folders)s::text[]) f
+                where pg_catalog.starts_with(d.source, f))
+returning d.source
+"""
+DELETE_ALL_DOCUMENTS: Final = "delete from kb.documents"
 STATS: Final = (
     "select documents, chunks, chunks_without_embedding, edges, model, dimension, layout,"
     " coalesce(indexed, false), bm25_chunks, bm25_tokens, bm25_lexemes, language from kb.stats()"

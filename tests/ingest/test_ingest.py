@@ -474,7 +474,7 @@ def test_cli_ingest_reports_broken_file_and_exits_1(
     assert result.returncode == 1, result.stderr
     broken = str(tmp_path / "kb" / "broken.pdf")
     assert f"skipped {broken}: cannot read PDF" in result.stderr
-    assert "added 7, updated 0, unchanged 0, removed 0, failed 1" in result.stderr
+    assert "added 7, updated 0, unchanged 0, removed 0, skipped 0, failed 1" in result.stderr
     summary = json.loads(result.stdout)
     assert summary["added"] == 7 and summary["failures"][0]["where"] == broken
 

@@ -338,7 +338,7 @@ def test_cli_file_names_cannot_forge_lines(tmp_path: Path, cli_env: dict[str, st
         f"skipped {root}/evil\\nskipped passwords: forged.md: binary content "
         "(400 control characters in the first 400 characters), not text"
     ]
-    assert "added 1, updated 0, unchanged 0, removed 0, failed 1" in result.stderr
+    assert "added 1, updated 0, unchanged 0, removed 0, skipped 0, failed 1" in result.stderr
     listed = run_kbpg("documents", "list", env=cli_env)
     assert listed.returncode == 0, listed.stderr
     source = (root / "good\nname.md").resolve()
@@ -370,13 +370,13 @@ def test_cli_max_file_size_flag_env_and_follow_symlinks(
         f"skipped {root}/link.md: symlink to {outside}, outside the paths given; skipped "
         "(--follow-symlinks reads it)",
     ]
-    assert "added 0, updated 0, unchanged 0, removed 0, failed 2" in small.stderr
+    assert "added 0, updated 0, unchanged 0, removed 0, skipped 0, failed 2" in small.stderr
 
     raised = run_kbpg(
         "ingest", str(root), "--follow-symlinks", env={**cli_env, "KBPG_MAX_FILE_BYTES": "1MB"}
     )
     assert raised.returncode == 0, raised.stderr
-    assert "added 2, updated 0, unchanged 0, removed 0, failed 0" in raised.stderr
+    assert "added 2, updated 0, unchanged 0, removed 0, skipped 0, failed 0" in raised.stderr
 
     bad = run_kbpg("ingest", str(root), "--max-file-size", "lots", env=cli_env)
     assert bad.returncode == 2

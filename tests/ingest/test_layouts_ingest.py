@@ -125,7 +125,7 @@ def test_jsonl_with_precomputed_embeddings(
     path = jsonl(tmp_path / "embedded.jsonl", [*good, *bad])
     result = run_kbpg("ingest", str(path), "--json", env=cli_env)
     assert result.returncode == 1
-    assert "added 3, updated 0, unchanged 0, removed 0, failed 3" in result.stderr
+    assert "added 3, updated 0, unchanged 0, removed 0, skipped 0, failed 3" in result.stderr
     reasons = {
         f["where"].split(":")[-1]: f["reason"] for f in json.loads(result.stdout)["failures"]
     }

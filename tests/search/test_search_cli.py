@@ -33,11 +33,13 @@ def test_default_output_is_toon(kb_env: dict[str, str]) -> None:  # noqa: F811
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     lines = proc.stdout.splitlines()
-    assert lines[0] == "chunks[5]{document,section,score,content_preview}:"
+    assert lines[0] == "chunks[5]{document,source,section,score,similarity,content_preview}:"
     assert len(lines) == 6
     decoded = toon_format.decode(proc.stdout)
     first = decoded["chunks"][0]
     assert first["document"] == "Parking permits"
+    assert first["source"] == "city/parking/permits.md"
+    assert 0.5 < first["similarity"] <= 1 and first["score"] == round(2 / 61, 4)
     assert first["section"] == "Parking permits > Renewing a permit"
     assert first["content_preview"].startswith("Residents renew a residential parking permit")
 

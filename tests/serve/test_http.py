@@ -127,9 +127,33 @@ def test_filters(api: httpx.Client) -> None:
 def test_validation_errors_are_422(api: httpx.Client, body: dict[str, object], field: str) -> None:
     response = api.post(SEARCH, json=body, headers=AUTH)
     assert response.status_code == 422
-    detail = response.json()["detail"]
+    payload = response.json()
+    detail = payload["detail"]
     assert any(error["loc"][-1] == field for error in detail), detail
     assert all(error["msg"] for error in detail)
+    # the documented error shape, with each problem in detail (issue 42)
+    assert payload["error"] == "InvalidRequest" and payload["hint"]
+    assert str(field) in payload["message"], payload
+
+
+def test_every_4xx_has_the_documented_body(api: httpx.Client) -> None:
+    """{"error", "message", "hint"} on every 4xx, not FastAPI's {"detail": ...} (issue 42)."""
+    cases = [
+        (api.post(SEARCH, json={"query": "permit", "top": "many"}, headers=AUTH), 422,
+         "InvalidRequest", "top: "),
+        (api.post(SEARCH, content=b"{not json", headers={**AUTH, "Content-Type":
+         "application/json"}), 422, "InvalidRequest", ""),
+        (api.get("/api/v1/kb/nowhere", headers=AUTH), 404, "NotFound", "Not Found"),
+        (api.get(SEARCH, headers=AUTH), 405, "MethodNotAllowed", "Method Not Allowed"),
+        (api.post(SEARCH, json={"query": "   "}, headers=AUTH), 422, "InvalidRequest",
+         "query: Value error, the query must not be empty"),
+    ]  # fmt: skip
+    for response, status, error, message in cases:
+        payload = response.json()
+        assert response.status_code == status, payload
+        assert {"error", "message", "hint"} <= set(payload), payload
+        assert payload["error"] == error and payload["message"].startswith(message), payload
+    assert cases[3][0].headers["allow"] == "POST"
 
 
 @pytest.mark.parametrize(

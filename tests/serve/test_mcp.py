@@ -58,6 +58,10 @@ def test_tools_over_stdio(kb_env: dict[str, str], tmp_path: Path) -> None:  # no
             {"query": "how do I renew a parking permit", "category": "library"},
         )
         seen["documents"] = await session.call_tool("list_documents", {})
+        seen["page1"] = await session.call_tool("list_documents", {"limit": 2})
+        seen["page2"] = await session.call_tool("list_documents", {"limit": 2, "offset": 2})
+        seen["last"] = await session.call_tool("list_documents", {"limit": 2, "offset": 4})
+        seen["limit0"] = await session.call_tool("list_documents", {"limit": 0})
         seen["document"] = await session.call_tool(
             "get_document", {"source": "city/parking/permits.md"}
         )
@@ -93,6 +97,14 @@ def test_tools_over_stdio(kb_env: dict[str, str], tmp_path: Path) -> None:  # no
 
     documents = seen["documents"].structured_content["documents"]
     assert "city/parking/permits.md" in {d["source"] for d in documents}
+    # paged (issue 42): a limit, an offset, and where the next page starts
+    every = [d["source"] for d in documents]
+    assert len(every) == 5 and seen["documents"].structured_content["next_offset"] is None
+    pages = [seen[k].structured_content for k in ("page1", "page2", "last")]
+    assert [d["source"] for p in pages for d in p["documents"]] == every
+    assert [p["next_offset"] for p in pages] == [2, 4, None]
+    assert seen["limit0"].is_error and "limit must be 1 to 500" in _text(seen["limit0"])
+    assert set(tools["list_documents"].input_schema["properties"]) == {"group", "limit", "offset"}
 
     document = seen["document"].structured_content
     assert document["title"] == "Parking permits"

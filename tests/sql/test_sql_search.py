@@ -141,11 +141,16 @@ def test_null_embedding_runs_lexical_only(conn, kb):
 
 
 def test_no_lexical_hits_rank_by_similarity(conn, kb):
+    # score keeps one meaning (issue 42): the fused score, here RRF over the vector arm alone,
+    # whose order it keeps; the similarity stands beside it
     rows = search(conn, "xyzzy", [1, 0.2, 0])
     assert [r["chunk_id"] for r in rows] == [kb["a2"], kb["a1"]]
-    assert [r["score"] for r in rows] == [r["similarity"] for r in rows]
-    assert rows[0]["score"] == pytest.approx(
-        (0.9 + 0.02) / ((0.81 + 0.01) ** 0.5 * (1.04) ** 0.5), abs=1e-6
+    assert [r["score"] for r in rows] == pytest.approx([1 / 61, 1 / 62], abs=1e-12)
+    assert [r["similarity"] for r in rows] == pytest.approx(
+        [(0.9 + 0.02) / ((0.81 + 0.01) ** 0.5 * 1.04**0.5), 1 / 1.04**0.5], abs=1e-6
+    )
+    assert search(conn, "xyzzy", [1, 0.2, 0], vector_weight=2)[0]["score"] == pytest.approx(
+        2 / 61, abs=1e-12
     )
     blank_text = search(conn, "  ", [1, 0.2, 0])
     assert [r["chunk_id"] for r in blank_text] == [kb["a2"], kb["a1"]]
@@ -159,7 +164,8 @@ def test_lexical_failure_degrades_to_vector_with_notice(conn, kb):
     conn.execute("alter table kb.lexeme_stats rename to lexeme_stats_broken")
     rows = search(conn, "renew permit", [1, 0, 0])
     assert [r["chunk_id"] for r in rows] == [kb["a1"], kb["a2"]]
-    assert [r["score"] for r in rows] == [r["similarity"] for r in rows]
+    assert [r["score"] for r in rows] == pytest.approx([1 / 61, 1 / 62], abs=1e-12)
+    assert rows[0]["similarity"] == pytest.approx(1.0)
     assert any("lexical arm failed" in n for n in notices)
 
 
@@ -236,3 +242,43 @@ def test_refresh_on_an_empty_knowledge_base(conn):
     row = conn.execute("select * from kb.refresh_lexical_index()").fetchone()
     assert row is not None and (row[1], row[2]) == (0, 0)
     assert conn.execute("select * from kb.search('anything')").fetchall() == []
+
+
+def test_group_public_names_the_documents_without_groups(conn):
+    """Issue 42: documents ingested without a group are public (every reader may read them);
+    the filter `groups => '{public}'` keeps them, with those that name the group, on every arm
+    and every path of the lexical arm (the exact scan, the cache with and without bitmaps)."""
+    conn.execute("select kb.set_embedding_space('test-model', 3)")
+    plain = add_doc(conn, "plain.md")
+    named = add_doc(conn, "named.md", groups=["public", "residents"])
+    staff = add_doc(conn, "staff.md", groups=["staff"])
+    p1 = add_chunk(conn, plain, "renew your parking permit", [1, 0, 0])
+    n1 = add_chunk(conn, named, "parking permit renewal fees", [0.9, 0.1, 0])
+    s1 = add_chunk(conn, staff, "renew the staff parking permit", [0.95, 0, 0.05])
+    g1 = add_chunk(conn, plain, "bicycle storage", [0, 1, 0])
+    add_edge(conn, s1, g1, 0.9)
+    add_edge(conn, p1, g1, 0.9)
+    public = {p1, n1}
+    rows = search(conn, "renew parking permit", [1, 0, 0], groups=["public"])
+    assert {r["chunk_id"] for r in rows} == public
+    assert {
+        r["chunk_id"] for r in search(conn, "renew parking permit", groups=["public"])
+    } == public
+    graph = search(conn, "renew parking permit", [1, 0, 0], groups=["public"], use_graph=True)
+    assert {r["chunk_id"] for r in graph} == public | {g1}
+    assert {r["chunk_id"] for r in search(conn, "renew permit", [1, 0, 0], groups=["staff"])} == {
+        s1
+    }
+    lexical = (
+        "select chunk_id from kb.search_lexical('renew parking permit', 10, groups => '{public}')"
+    )
+    assert {r[0] for r in conn.execute(lexical)} == public
+    conn.execute("select kb.refresh_lexical_index()")
+    conn.execute("select set_config('kb.lexical_exhaustive_limit', '0', true)")
+    assert {r[0] for r in conn.execute(lexical)} == public
+    conn.execute("update kb.lexical_state set filter_masks = false")
+    assert {r[0] for r in conn.execute(lexical)} == public
+    vector = "select chunk_id from kb.search_vector('[1,0,0]', 10, groups => '{public}')"
+    assert {r[0] for r in conn.execute(vector)} == public
+    listed = conn.execute("select source from kb.list_documents(group_name => 'public')")
+    assert [r[0] for r in listed] == ["named.md", "plain.md"]

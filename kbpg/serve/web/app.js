@@ -113,6 +113,9 @@ function showResults(payload, query) {
     if (section) item.append(element("p", "section", section));
     const meta = element("p", "meta");
     meta.append(element("span", "score", "score " + chunk.score.toFixed(4)));
+    if (chunk.similarity != null) {
+      meta.append(element("span", "similarity", "similarity " + chunk.similarity.toFixed(2)));
+    }
     meta.append(armRank("vector", chunk.vector_rank));
     meta.append(armRank("BM25", chunk.lexical_rank));
     meta.append(armRank("graph", chunk.graph_rank));
