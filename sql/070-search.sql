@@ -95,6 +95,13 @@ begin
     perform kb._check_fusion_parameters(search.rrf_k, search.vector_weight,
                                        search.lexical_weight, search.graph_weight);
     perform kb._check_max_per_doc(search.max_per_doc);
+    -- checked here too: an arm that does not run (no embedding, no graph) checks nothing
+    if search.min_similarity in ('NaN', 'Infinity', '-Infinity')
+       or search.graph_min_score in ('NaN', 'Infinity', '-Infinity') then
+        raise exception 'min_similarity and graph_min_score must be finite numbers, got % and %',
+                search.min_similarity, search.graph_min_score
+            using errcode = '22023', hint = 'min_similarity is in [-1, 1] (0.30 by default), graph_min_score in [0, 1]';
+    end if;
     if not has_text and search.query_embedding is null then
         raise exception 'nothing to search: the query text is empty and no embedding was given'
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
