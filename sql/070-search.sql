@@ -85,6 +85,10 @@ declare
     vector_only boolean;
     filtered_ids bigint[];
     embeddings @extschema:vector@.vector[];
+    err_state text;
+    err_message text;
+    err_detail text;
+    err_hint text;
 begin
     perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -196,6 +200,21 @@ begin
             from pg_catalog.unnest(embeddings) q(e)) b
      where search.rerank_pool is not null or p.rank <= search.match_count
      order by p.rank;
+exception when others or query_canceled then
+    -- a caller (a reader in psql) gets the error's code, message, detail and hint, not the
+    -- CONTEXT of kbpg's inner functions (their statements and line numbers): re-raised here,
+    -- the context names kb.search alone (issue 38)
+    get stacked diagnostics err_state = returned_sqlstate, err_message = message_text,
+                            err_detail = pg_exception_detail, err_hint = pg_exception_hint;
+    if err_detail <> '' and err_hint <> '' then
+        raise exception using errcode = err_state, message = err_message, detail = err_detail,
+                              hint = err_hint;
+    elsif err_detail <> '' then
+        raise exception using errcode = err_state, message = err_message, detail = err_detail;
+    elsif err_hint <> '' then
+        raise exception using errcode = err_state, message = err_message, hint = err_hint;
+    end if;
+    raise exception using errcode = err_state, message = err_message;
 end
 $$;
 comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer) is

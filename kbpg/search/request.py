@@ -208,10 +208,7 @@ def _check_number(name: str, option: Option, value: object) -> int | float:
             f"{name} must be a finite number between {low:g} and {high:g}, not {value!r}",
             hint="NaN and Infinity are not numbers kbpg can rank with",
         )
-    if (
-        (low is not None and value < low)
-        or (high is not None and value > high)
-    ):
+    if (low is not None and value < low) or (high is not None and value > high):
         raise InvalidInput(f"{name} must be between {low:g} and {high:g}, not {value!r}")
     return value if integral else float(value)
 

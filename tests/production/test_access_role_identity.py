@@ -36,7 +36,9 @@ def creator(admin_url: str, akb: AccessKb) -> Iterator[psycopg.Connection[Any]]:
     name = f"kbt_creator_{uuid.uuid4().hex[:8]}"
     with psycopg.connect(admin_url, autocommit=True) as admin:
         admin.execute(f"create role \"{name}\" login createrole password '{PASSWORD}'")
-        admin.execute(f'grant "{akb.roles["bob"]}", "{akb.reader_role}" to "{name}" with admin option')
+        admin.execute(
+            f'grant "{akb.roles["bob"]}", "{akb.reader_role}" to "{name}" with admin option'
+        )
     try:
         with psycopg.connect(akb.url, user=name, password=PASSWORD, autocommit=True) as conn:
             yield conn
@@ -48,7 +50,8 @@ def creator(admin_url: str, akb: AccessKb) -> Iterator[psycopg.Connection[Any]]:
 
 def finance_hits(conn: psycopg.Connection[Any], akb: AccessKb) -> set[int]:
     rows = conn.execute(
-        "select chunk_id from kb.search('budget forecast salary', %s::vector)", (vec([0, 0.9, 0.1]),)
+        "select chunk_id from kb.search('budget forecast salary', %s::vector)",
+        (vec([0, 0.9, 0.1]),),
     ).fetchall()
     return {int(r[0]) for r in rows} & {akb.ids["F1"], akb.ids["F2"]}
 
@@ -85,9 +88,7 @@ def test_a_role_recreated_under_the_same_name_starts_with_nothing(
     assert grant_rows(akb) == before - 1
 
 
-def test_a_renamed_role_keeps_its_grants_under_its_new_name(
-    admin_url: str, akb: AccessKb
-) -> None:
+def test_a_renamed_role_keeps_its_grants_under_its_new_name(admin_url: str, akb: AccessKb) -> None:
     bob = akb.roles["bob"]
     renamed = f"{bob}_renamed"
     with psycopg.connect(admin_url, autocommit=True) as admin:

@@ -94,8 +94,13 @@ def test_non_finite_numbers_are_refused_by_every_public_search_function(conn, ba
     calls = [
         *(
             f"select * from kb.search('permit', {name} => '{bad}')"
-            for name in ("vector_weight", "lexical_weight", "graph_weight", "min_similarity",
-                         "graph_min_score")
+            for name in (
+                "vector_weight",
+                "lexical_weight",
+                "graph_weight",
+                "min_similarity",
+                "graph_min_score",
+            )
         ),
         *(
             f"select * from kb.fuse_rrf('{{1}}', '{{2}}', {name} => '{bad}')"
