@@ -3,7 +3,7 @@
 kb.search re-raises any error from its inner functions so that a reader sees no internal
 statement in CONTEXT; a PL/pgSQL block with an exception section starts a subtransaction each
 call. This loads bench_search.py's synthetic corpus, installs a copy of kb.search without the
-exception section (kb._bench_search_plain) and times both on the same queries (frequent terms
+exception section (kb_bench.search) and times both on the same queries (frequent terms
 and NPL questions, each with an embedding), one right after the other, as the owner and as a
 reader granted 1 of 100 groups. It prints p50 per variant and the median per-query ratio.
 
@@ -43,7 +43,8 @@ from bench_search import (
 from kbpg.store import db as kdb
 from kbpg.store.embedded import EmbeddedServer
 
-PLAIN = "kb._bench_search_plain"
+# a schema of its own: the body qualifies its parameters by the function's name, `search.`
+PLAIN = "kb_bench.search"
 
 
 def install_plain(conn: psycopg.Connection[Any]) -> None:
@@ -62,7 +63,9 @@ def install_plain(conn: psycopg.Connection[Any]) -> None:
     )
     assert n == 1, "kb.search has no exception section"
     plain = plain.replace("FUNCTION kb.search(", f"FUNCTION {PLAIN}(", 1)
+    conn.execute("create schema kb_bench")
     conn.execute(plain)
+    conn.execute("grant usage on schema kb_bench to kbpg_reader")
     conn.execute(f"grant execute on function {PLAIN} to kbpg_reader")
 
 
