@@ -88,9 +88,14 @@ as $body$ select (select coalesce(pg_catalog.array_agg(distinct g.group_name), '
 """
 
 
+def _run(statements: str) -> None:
+    # `%` is SQL here (format's and RAISE's placeholders), not a driver parameter
+    op.get_bind().execution_options(no_parameters=True).exec_driver_sql(statements)
+
+
 def upgrade() -> None:
-    op.get_bind().exec_driver_sql(UPGRADE)
+    _run(UPGRADE)
 
 
 def downgrade() -> None:
-    op.get_bind().exec_driver_sql(DOWNGRADE)
+    _run(DOWNGRADE)
