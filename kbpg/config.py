@@ -89,6 +89,22 @@ def _env_duration_ms(name: str, default: int, minimum: int = 0) -> int:
 
 
 # libpq URLs may hold commas themselves (postgresql://h1,h2/db): split before a scheme only
+def _env_url(name: str) -> str | None:
+    """A database URL variable; bytes that are not UTF-8 (os.environ keeps them as lone
+    surrogates) are a ConfigError, not a UnicodeEncodeError deep in the driver."""
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    try:
+        raw.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ConfigError(
+            f"{name} holds bytes that are not UTF-8",
+            hint="percent-encode them in the URL (e.g. %C3%A9 for é) or set the variable as UTF-8",
+        ) from None
+    return raw
+
+
 _URL_SEPARATOR = re.compile(r"\s*,\s*(?=postgres(?:ql)?://)")
 
 
@@ -140,7 +156,7 @@ class Settings:
     def from_env(cls) -> Settings:
         home = os.environ.get("KBPG_HOME")
         return cls(
-            database_url=os.environ.get("KBPG_DATABASE_URL") or None,
+            database_url=_env_url("KBPG_DATABASE_URL") or None,
             home=Path(home).expanduser().resolve() if home else default_home(),
             embedder=os.environ.get("KBPG_EMBEDDER", "minilm").strip() or "minilm",
             default_max_chunks=_env_int("KBPG_DEFAULT_MAX_CHUNKS", DEFAULT_MAX_CHUNKS),
@@ -160,7 +176,7 @@ class Settings:
                 "KBPG_IDLE_IN_TRANSACTION_TIMEOUT", IDLE_IN_TRANSACTION_TIMEOUT_MS
             ),
             pool_timeout_s=_env_duration_ms("KBPG_POOL_TIMEOUT", POOL_TIMEOUT_MS, minimum=1) / 1000,
-            read_urls=parse_read_urls(os.environ.get("KBPG_READ_URL")),
+            read_urls=parse_read_urls(_env_url("KBPG_READ_URL")),
             write_lock_wait_ms=_env_duration_ms("KBPG_WRITE_LOCK_WAIT", WRITE_LOCK_WAIT_MS),
             replica_max_lag_ms=_env_duration_ms("KBPG_REPLICA_MAX_LAG", REPLICA_MAX_LAG_MS),
             language=_env("KBPG_LANGUAGE"),

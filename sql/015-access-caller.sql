@@ -60,8 +60,8 @@ set search_path = pg_catalog, pg_temp
 -- SQL-standard body does not have ("syntax error at or near RETURN"; docs/scaling.md section 5)
 as $$ select (select coalesce(pg_catalog.array_agg(distinct g.group_name order by g.group_name), '{}')
           from kb.access_grants g
-         where coalesce(pg_catalog.pg_has_role(
-                   caller, pg_catalog.to_regrole(pg_catalog.quote_ident(g.role)), 'USAGE'), false)) $$;
+         -- by OID (revision 0021): a dropped role's grants name no role, pg_has_role is NULL
+         where coalesce(pg_catalog.pg_has_role(caller, g.role_id, 'USAGE'), false)) $$;
 comment on function kb._access_groups_of(oid) is
     'The groups granted to the role or to any role it may use (pg_has_role ''USAGE'').';
 

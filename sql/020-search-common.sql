@@ -265,10 +265,17 @@ begin
                 vector_weight, lexical_weight, graph_weight
             using errcode = '22023', hint = 'use weight 0 to silence an arm';
     end if;
+    -- NaN sorts above every number and Infinity passes ">= 0": either made every score NaN
+    if vector_weight in ('NaN', 'Infinity') or lexical_weight in ('NaN', 'Infinity')
+       or graph_weight in ('NaN', 'Infinity') then
+        raise exception 'fusion weights must be finite numbers (vector %, lexical %, graph %)',
+                vector_weight, lexical_weight, graph_weight
+            using errcode = '22023', hint = 'a weight is a finite number >= 0; 1 is the default, 0 silences an arm';
+    end if;
 end
 $$;
 comment on function kb._check_fusion_parameters(integer, double precision, double precision, double precision) is
-    'Raise SQLSTATE 22023 unless rrf_k >= 0 and every fusion weight is >= 0.';
+    'Raise SQLSTATE 22023 unless rrf_k >= 0 and every fusion weight is a finite number >= 0.';
 
 create or replace function kb._check_max_per_doc(max_per_doc integer)
 returns void

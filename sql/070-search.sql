@@ -86,6 +86,10 @@ declare
     vector_only boolean;
     filtered_ids bigint[];
     embeddings @extschema:vector@.vector[];
+    err_state text;
+    err_message text;
+    err_detail text;
+    err_hint text;
 begin
     perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -96,6 +100,13 @@ begin
     perform kb._check_fusion_parameters(search.rrf_k, search.vector_weight,
                                        search.lexical_weight, search.graph_weight);
     perform kb._check_max_per_doc(search.max_per_doc);
+    -- checked here too: an arm that does not run (no embedding, no graph) checks nothing
+    if search.min_similarity in ('NaN', 'Infinity', '-Infinity')
+       or search.graph_min_score in ('NaN', 'Infinity', '-Infinity') then
+        raise exception 'min_similarity and graph_min_score must be finite numbers, got % and %',
+                search.min_similarity, search.graph_min_score
+            using errcode = '22023', hint = 'min_similarity is in [-1, 1] (0.30 by default), graph_min_score in [0, 1]';
+    end if;
     if not has_text and search.query_embedding is null then
         raise exception 'nothing to search: the query text is empty and no embedding was given'
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
@@ -190,6 +201,21 @@ begin
             from pg_catalog.unnest(embeddings) q(e)) b
      where search.rerank_pool is not null or p.rank <= search.match_count
      order by p.rank;
+exception when others or query_canceled then
+    -- a caller (a reader in psql) gets the error's code, message, detail and hint, not the
+    -- CONTEXT of kbpg's inner functions (their statements and line numbers): re-raised here,
+    -- the context names kb.search alone (issue 38)
+    get stacked diagnostics err_state = returned_sqlstate, err_message = message_text,
+                            err_detail = pg_exception_detail, err_hint = pg_exception_hint;
+    if err_detail <> '' and err_hint <> '' then
+        raise exception using errcode = err_state, message = err_message, detail = err_detail,
+                              hint = err_hint;
+    elsif err_detail <> '' then
+        raise exception using errcode = err_state, message = err_message, detail = err_detail;
+    elsif err_hint <> '' then
+        raise exception using errcode = err_state, message = err_message, hint = err_hint;
+    end if;
+    raise exception using errcode = err_state, message = err_message;
 end
 $$;
 comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer) is

@@ -195,6 +195,24 @@ comment on function kb.access_setup(text, text) is
     'kbpg_writer; role names are cluster-wide); grant a login role one of them to let it search or '
     'ingest. Needs CREATEROLE for missing roles; run by the schema owner.';
 
+create or replace function kb._access_grants_prune()
+returns bigint
+language sql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+-- no event trigger fires on DROP ROLE: a grant whose role is gone is deleted here, lazily
+as $$
+    with gone as (
+        delete from kb.access_grants a
+         where not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id)
+        returning 1)
+    select pg_catalog.count(*) from gone
+$$;
+comment on function kb._access_grants_prune() is
+    'Delete the grants of dropped roles (grants hold the role''s OID, which no role has any more); '
+    'returns how many. Called by kb.grant_groups, kb.revoke_groups, kb.list_grants and on apply.';
+
 create or replace function kb.grant_groups(role_name text, groups text[])
 returns table (role text, group_name text)
 language plpgsql
@@ -203,8 +221,11 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
+declare
+    -- the role's identity, not its name: a role re-created under the name starts with nothing
+    granted constant oid := pg_catalog.to_regrole(pg_catalog.quote_ident(grant_groups.role_name));
 begin
-    if pg_catalog.to_regrole(pg_catalog.quote_ident(grant_groups.role_name)) is null then
+    if granted is null then
         raise exception 'role "%" does not exist', grant_groups.role_name
             using errcode = '42704', hint = 'create the role first: create role ... login';
     end if;
@@ -214,28 +235,40 @@ begin
         raise exception 'groups must be a non-empty list of non-empty names'
             using errcode = '22023', hint = 'for example array[''hr'', ''finance'']';
     end if;
+    perform kb._access_grants_prune();
     return query
-    insert into kb.access_grants as a (role, group_name)
-    select grant_groups.role_name, g from pg_catalog.unnest(grant_groups.groups) as g
-    on conflict do nothing
-    returning a.role, a.group_name;
+    with added as (
+        insert into kb.access_grants as a (role_id, group_name)
+        select granted, g from pg_catalog.unnest(grant_groups.groups) as g
+        on conflict do nothing
+        returning a.role_id, a.group_name)
+    select r.rolname::text, added.group_name
+      from added join pg_catalog.pg_roles r on r.oid = added.role_id;
 end
 $$;
 comment on function kb.grant_groups(text, text[]) is
     'Let a role (and every role that may use it) read the chunks of these groups; returns the '
-    'grants that were new. Takes effect on the next query.';
+    'grants that were new. The grant follows the role''s identity (its OID): a renamed role keeps '
+    'it, a dropped one loses it. Takes effect on the next query.';
 
 create or replace function kb.revoke_groups(role_name text, groups text[] default null)
 returns table (role text, group_name text)
-language sql
+language plpgsql
 volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
-    delete from kb.access_grants a
-     where a.role = revoke_groups.role_name
-       and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
-    returning a.role, a.group_name
+#variable_conflict use_column
+begin
+    perform kb._access_grants_prune();
+    return query
+    with gone as (
+        delete from kb.access_grants a
+         where a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
+           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
+        returning a.group_name)
+    select revoke_groups.role_name, gone.group_name from gone;
+end
 $$;
 comment on function kb.revoke_groups(text, text[]) is
     'Take groups (all of them when groups is NULL) away from a role; returns what was revoked. '
@@ -244,7 +277,7 @@ comment on function kb.revoke_groups(text, text[]) is
 create or replace function kb.list_grants(role_name text default null)
 returns table (role text, group_name text, granted_at timestamptz)
 language plpgsql
-stable
+volatile
 -- a reader's way in: the owner's rights, the caller's grants (sql/015)
 security definer
 set search_path = pg_catalog, pg_temp
@@ -260,18 +293,24 @@ declare
                                                      where c.oid = 'kb.access_grants'::pg_catalog.regclass),
                                            'USAGE'), false);
 begin
+    if not pg_catalog.current_setting('transaction_read_only')::boolean then
+        perform kb._access_grants_prune();
+    end if;
+    -- the join drops the grants of dropped roles (also in a read-only transaction) and names
+    -- each role as it is called now
     return query
-    select a.role, a.group_name, a.granted_at
+    select r.rolname::text, a.group_name, a.granted_at
       from kb.access_grants a
-     where (list_grants.role_name is null or a.role = list_grants.role_name)
-       and (sees_all or coalesce(pg_catalog.pg_has_role(
-                caller, pg_catalog.to_regrole(pg_catalog.quote_ident(a.role)), 'USAGE'), false))
-     order by a.role, a.group_name;
+      join pg_catalog.pg_roles r on r.oid = a.role_id
+     where (list_grants.role_name is null or r.rolname = list_grants.role_name)
+       and (sees_all or coalesce(pg_catalog.pg_has_role(caller, a.role_id, 'USAGE'), false))
+     order by r.rolname, a.group_name;
 end
 $$;
 comment on function kb.list_grants(text) is
-    'The group grants (a reader sees its own and those of the roles it may use; the owner sees '
-    'all), optionally for one role.';
+    'The group grants of existing roles, by their current name (a reader sees its own and those '
+    'of the roles it may use; the owner sees all), optionally for one role. Deletes the grants '
+    'of dropped roles when the transaction may write.';
 
 create or replace function kb.access_status()
 returns table (
@@ -363,6 +402,7 @@ declare
     s kb.access_settings;
 begin
     select * into s from kb.access_settings;
+    perform kb._access_grants_prune();
     if s.reader_role is not null then
         perform kb._access_apply_grants();
     elsif (select a.rolsuper or a.rolcreaterole from pg_catalog.pg_roles a where a.rolname = current_user) then

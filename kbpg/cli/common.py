@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import math
 import os
 import sys
 import time
@@ -191,12 +192,22 @@ def _search_option(name: str, option: Option, default: Any = None) -> Callable[[
     elif option.kind == "int":
         kwargs["type"] = click.IntRange(_bound(option.minimum), _bound(option.maximum))
     elif option.kind == "float":
-        kwargs["type"] = click.FloatRange(option.minimum, option.maximum)
+        kwargs["type"] = _FiniteFloatRange(option.minimum, option.maximum)
     elif option.kind == "texts":
         kwargs.update(multiple=True, metavar=option.metavar, default=())
     else:
         kwargs["metavar"] = option.metavar
     return click.option(*decls, **kwargs)
+
+
+class _FiniteFloatRange(click.FloatRange):
+    """A FloatRange that refuses nan and inf (they compare false with both bounds)."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        number = click.FLOAT.convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number.", param, ctx)
+        return super().convert(number, param, ctx)
 
 
 def _bound(value: float | None) -> int | None:

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import errno
 import fnmatch
 import os
 import re
+import stat
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -36,6 +38,27 @@ def parse_size(text: str) -> int:
 
 def _within(real: str, roots: Sequence[str]) -> bool:
     return any(real == r or real.startswith(r.rstrip(os.sep) + os.sep) for r in roots)
+
+
+def _not_readable(path: Path) -> str | None:
+    """Why `path` cannot be read as a file (None: a regular file, or a directory, which the
+    caller handles): a symlink loop, a dangling symlink, a device, FIFO or socket (never opened:
+    reading a FIFO blocks until a writer comes), or the error stat gave."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            return "a symlink loop (too many levels of symbolic links)"
+        if exc.errno == errno.ENOENT:
+            if os.path.islink(path):
+                return f"a dangling symlink (its target {os.readlink(path)} does not exist)"
+            return "no such file or directory"
+        return exc.strerror or str(exc)
+    except ValueError as exc:
+        return str(exc)
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return "not a regular file or directory (a device, FIFO or socket)"
 
 
 def _walk(root: Path, recursive: bool, follow_symlinks: bool) -> Iterator[Path | LoadFailure]:
@@ -97,7 +120,8 @@ def discover(
             yield LoadFailure(str(path), getattr(exc, "strerror", None) or str(exc))
             continue
         if not exists:
-            yield LoadFailure(str(path), "no such file or directory")
+            # Path.exists() is False for a symlink loop and a dangling symlink too
+            yield LoadFailure(str(path), _not_readable(path) or "no such file or directory")
             continue
         if is_file:
             yield path
@@ -130,7 +154,11 @@ def discover(
                         "(--follow-symlinks reads it)",
                     )
                     continue
-            if not found.is_file():
+            reason = _not_readable(found)
+            if reason is not None:  # a FIFO `.md`, a symlink loop, a dangling link: reported
+                yield LoadFailure(str(found), reason)
+                continue
+            if not found.is_file():  # a symlinked directory inside the roots (not followed)
                 continue
             try:
                 str(found).encode()

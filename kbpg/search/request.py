@@ -203,11 +203,12 @@ def _check_number(name: str, option: Option, value: object) -> int | float:
         wanted = "an integer" if integral else "a number"
         raise InvalidInput(f"{name} must be {wanted}, not {_shown(value)}")
     low, high = option.minimum, option.maximum
-    if (
-        not math.isfinite(value)
-        or (low is not None and value < low)
-        or (high is not None and value > high)
-    ):
+    if not math.isfinite(value):
+        raise InvalidInput(
+            f"{name} must be a finite number between {low:g} and {high:g}, not {value!r}",
+            hint="NaN and Infinity are not numbers kbpg can rank with",
+        )
+    if (low is not None and value < low) or (high is not None and value > high):
         raise InvalidInput(f"{name} must be between {low:g} and {high:g}, not {value!r}")
     return value if integral else float(value)
 

@@ -103,7 +103,14 @@ def _body_field(name: str, option: search_request.Option) -> tuple[Any, Any]:
     if option.kind == "query":
         return kind, Field(min_length=1, description=description)
     if option.kind in ("int", "float"):
-        bounded = Field(default=None, description=description, ge=option.minimum, le=option.maximum)
+        bounded = Field(
+            default=None,
+            description=description,
+            ge=option.minimum,
+            le=option.maximum,
+            # NaN and Infinity: "Input should be a finite number", not a misleading bound
+            allow_inf_nan=False if option.kind == "float" else None,
+        )
         return kind | None, bounded
     return kind | None, Field(default=None, description=description)
 

@@ -241,6 +241,36 @@ def test_undecodable_file_name_is_refused_not_a_failed_batch(tmp_path: Path) -> 
     assert printable(failure.where).endswith("caf\\udce9.md")
 
 
+@pytest.mark.parametrize("follow_symlinks", [False, True])
+def test_unreadable_folder_entries_are_reported_with_their_reason(
+    tmp_path: Path, follow_symlinks: bool
+) -> None:
+    """A FIFO `.md` (stat only: opening it blocks), a symlink loop, a dangling symlink: each a
+    failure with its reason, found in a folder or named directly (issue 38)."""
+    root = tmp_path / "kb"
+    root.mkdir()
+    (root / "own.md").write_text("# Own\n\ntext\n")
+    os.mkfifo(root / "pipe.md")
+    (root / "loop.md").symlink_to(root / "loop.md")
+    (root / "gone.md").symlink_to(root / "missing.md")
+    loop = "a symlink loop (too many levels of symbolic links)"
+    gone = f"a dangling symlink (its target {root}/missing.md does not exist)"
+    fifo = "not a regular file or directory (a device, FIFO or socket)"
+    found = list(discover([root], recursive=True, follow_symlinks=follow_symlinks))
+    assert [f for f in found if isinstance(f, Path)] == [root / "own.md"]
+    assert {f.where: f.reason for f in found if isinstance(f, LoadFailure)} == {
+        str(root / "gone.md"): gone,
+        str(root / "loop.md"): loop,
+        str(root / "pipe.md"): fifo,
+    }
+    named = list(discover([root / "loop.md", root / "gone.md", root / "nothing.md"]))
+    assert [(f.where, f.reason) for f in named if isinstance(f, LoadFailure)] == [
+        (str(root / "loop.md"), loop),
+        (str(root / "gone.md"), gone),
+        (str(root / "nothing.md"), "no such file or directory"),
+    ]
+
+
 def test_printable_escapes_what_could_forge_a_line() -> None:
     assert printable("plain name.md") == "plain name.md"
     assert printable("a\nskipped /etc/passwd: ok\tx\x1b[2J\u202e.md") == (

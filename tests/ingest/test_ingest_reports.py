@@ -31,7 +31,17 @@ def test_skips_name_the_file_or_line_and_nothing_else_is_printed(
     os.mkfifo(fifo)
     broken = tmp_path / "broken.pdf"
     broken.write_bytes(b"%PDF-1.4\n1 0 obj << >> endobj\n")  # no xref, no %%EOF
-    done = run_kbpg("ingest", str(records), str(fifo), str(broken), env=cli_env)
+    # in a folder (issue 38): a FIFO `.md` (never opened: it would block), a symlink loop and a
+    # dangling symlink, each reported with its reason and counted as failed
+    folder = tmp_path / "folder"
+    folder.mkdir()
+    os.mkfifo(folder / "pipe.md")
+    (folder / "loop.md").symlink_to(folder / "loop.md")
+    (folder / "gone.md").symlink_to(folder / "missing.md")
+    done = run_kbpg(
+        "ingest", str(records), str(fifo), str(broken), str(folder), "--recursive",
+        "--follow-symlinks", env=cli_env,
+    )  # fmt: skip
     assert done.returncode == 1
     skipped = sorted(line for line in done.stderr.splitlines() if line.startswith("skipped "))
     assert skipped == sorted(
@@ -41,6 +51,10 @@ def test_skips_name_the_file_or_line_and_nothing_else_is_printed(
             " 384-d vectors (all-MiniLM-L6-v2)",
             f"skipped {fifo}: not a regular file or directory (a device, FIFO or socket)",
             f"skipped {broken}: cannot read PDF: PdfStreamError: Stream has ended unexpectedly",
+            f"skipped {folder}/pipe.md: not a regular file or directory (a device, FIFO or socket)",
+            f"skipped {folder}/loop.md: a symlink loop (too many levels of symbolic links)",
+            f"skipped {folder}/gone.md: a dangling symlink (its target {folder}/missing.md does"
+            " not exist)",
         ]
     )
     others = [

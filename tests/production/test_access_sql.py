@@ -351,3 +351,29 @@ def test_row_security_turned_on_by_hand_hides_an_unsplit_cache(akb: AccessKb) ->
     with akb.connect("alice") as conn:
         got = chunk_ids(conn, "select chunk_id from kb.search_lexical('budget salary', 10)")
         assert set(got) == {i["H1"], i["H2"]}
+
+
+def test_a_readers_failed_search_shows_no_internal_statements_in_context(
+    enforced: AccessKb,
+) -> None:
+    """A reader in psql sees an error's CONTEXT: it names kb.search at most, never the SQL and
+    line numbers of kbpg's inner functions (issue 38). Cancelled by statement_timeout while the
+    owner holds a lock on kb.chunks, and refused by an inner check (a NaN weight)."""
+    akb = enforced
+    with akb.connect("owner") as owner, akb.connect("alice") as alice:
+        alice.execute("set statement_timeout = '300ms'")
+        errors = []
+        with owner.transaction():
+            owner.execute("lock table kb.chunks in access exclusive mode")
+            with pytest.raises(psycopg.Error) as cancelled:
+                alice.execute("select * from kb.search('salary', %s::vector)", (vec([0, 1, 0]),))
+            errors.append(cancelled.value)
+        with pytest.raises(psycopg.Error) as refused:
+            alice.execute("select * from kb.search('salary', lexical_weight => 'NaN')")
+        errors.append(refused.value)
+        assert [e.sqlstate for e in errors] == ["57014", "22023"]
+        assert errors[1].diag.message_hint
+        for error in errors:
+            context = error.diag.context or ""
+            assert context.startswith("PL/pgSQL function kb.search("), context
+            assert context.count("\n") == 0 and "kb._" not in context, context

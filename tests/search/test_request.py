@@ -48,7 +48,9 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"query": "x", "category": ""}, "category must be non-empty"),
     ({"query": "x", "category": ["a"]}, "category must be a string"),
     ({"query": "x", "min_similarity": 1.5}, "min_similarity must be between -1 and 1"),
-    ({"query": "x", "min_similarity": math.nan}, "min_similarity must be between"),
+    ({"query": "x", "min_similarity": math.nan}, "min_similarity must be a finite number"),
+    ({"query": "x", "lexical_weight": math.nan}, "lexical_weight must be a finite number"),
+    ({"query": "x", "lexical_weight": -math.inf}, "lexical_weight must be a finite number"),
     ({"query": "x", "min_similarity": False}, "min_similarity must be a number"),
     ({"query": "x", "lexical": 1}, "lexical must be true or false"),
     ({"query": "x", "graph": "yes"}, "graph must be true or false"),
@@ -56,7 +58,7 @@ INVALID: list[tuple[dict[str, Any], str]] = [
     ({"query": "x", "max_per_doc": 0}, "max_per_doc must be between 1"),
     ({"query": "x", "rrf_k": -1}, "rrf_k must be between 0"),
     ({"query": "x", "vector_weight": -0.1}, "vector_weight must be between 0"),
-    ({"query": "x", "graph_weight": math.inf}, "graph_weight must be between 0"),
+    ({"query": "x", "graph_weight": math.inf}, "graph_weight must be a finite number"),
     ({"query": "x", "graph_max_depth": 6}, "graph_max_depth must be between 1 and 5"),
     ({"query": "x", "graph_min_score": 1.1}, "graph_min_score must be between 0 and 1"),
 ]
@@ -161,6 +163,9 @@ def test_http_body_has_every_option() -> None:
         (["--category", "a\x00b"], "category must be non-empty"),
         (["--rrf-k", "-1"], "--rrf-k"),
         (["--graph-max-depth", "9"], "--graph-max-depth"),
+        (["--lexical-weight", "nan"], "'nan' is not a finite number"),
+        (["--vector-weight", "inf"], "'inf' is not a finite number"),
+        (["--min-similarity", "NaN"], "'NaN' is not a finite number"),
     ],
 )
 def test_cli_rejects_bad_options_as_usage_errors(args: list[str], message: str) -> None:
@@ -168,3 +173,16 @@ def test_cli_rejects_bad_options_as_usage_errors(args: list[str], message: str) 
     assert result.exit_code == 2, result.output
     assert result.stdout == ""
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("variable", ["KBPG_DATABASE_URL", "KBPG_READ_URL"])
+def test_a_url_with_bytes_that_are_not_utf8_is_an_error_with_a_hint(variable: str) -> None:
+    # os.environ keeps undecodable bytes as lone surrogates: b"\xff" -> "\udcff"
+    env = {variable: "postgresql://kb\udcff@localhost/kb"}
+    result = CliRunner().invoke(main, ["stats"], env=env)
+    assert result.exit_code == 1, result.output
+    assert result.exception is None or isinstance(result.exception, SystemExit)
+    assert result.stderr.splitlines() == [
+        f"Error: {variable} holds bytes that are not UTF-8",
+        "Hint: percent-encode them in the URL (e.g. %C3%A9 for é) or set the variable as UTF-8",
+    ]

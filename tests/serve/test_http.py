@@ -201,6 +201,17 @@ def test_malformed_json_is_422(api: httpx.Client) -> None:
     assert response.status_code == 422
 
 
+@pytest.mark.parametrize("bad", [b"NaN", b"Infinity", b"-Infinity"])
+def test_non_finite_numbers_are_422_saying_a_finite_number(api: httpx.Client, bad: bytes) -> None:
+    body = b'{"query": "permit", "lexical_weight": ' + bad + b"}"
+    response = api.post(SEARCH, content=body, headers={**AUTH, "content-type": "application/json"})
+    assert response.status_code == 422
+    detail = response.json()["detail"]
+    assert [(e["loc"][-1], e["msg"]) for e in detail] == [
+        ("lexical_weight", "Input should be a finite number")
+    ]
+
+
 def test_request_size_limit(api: httpx.Client) -> None:
     big = {"query": "permit " * 12_000}  # ~84 KB
     assert search(api, **big).status_code == 413

@@ -122,3 +122,19 @@ def test_migration_sql_is_packaged_in_the_wheel_layout() -> None:
     pyproject = (REPO / "pyproject.toml").read_text()
     assert '"sql" = "kbpg/_sql"' in pyproject
     assert '"migrations" = "kbpg/_migrations"' in pyproject
+
+
+def test_0021_binds_grants_to_role_oids_and_drops_those_of_missing_roles(new_database) -> None:
+    url = new_database(migrated=False)
+    kdb.upgrade(url, "0020")
+    with kdb.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "insert into kb.access_grants (role, group_name) values"
+            " ('pg_monitor', 'hr'), ('pg_monitor', 'finance'), ('no_such_role_0021', 'hr')"
+        )
+    kdb.upgrade(url, "0021")
+    with kdb.connect(url) as conn:
+        rows = conn.execute(
+            "select role_id::regrole::text, group_name from kb.access_grants order by 2"
+        ).fetchall()
+    assert rows == [("pg_monitor", "finance"), ("pg_monitor", "hr")]

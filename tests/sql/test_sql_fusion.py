@@ -86,3 +86,31 @@ def test_cap_per_document(conn):
         cap(conn, chunks, docs, 0)
     with raises_sqlstate(conn, "22023"):
         cap(conn, chunks, docs[:3], 3)
+
+
+@pytest.mark.parametrize("bad", ["NaN", "Infinity"])
+def test_non_finite_numbers_are_refused_by_every_public_search_function(conn, bad):
+    """NaN sorts above every number and Infinity passes ">= 0": both made every score NaN."""
+    calls = [
+        *(
+            f"select * from kb.search('permit', {name} => '{bad}')"
+            for name in (
+                "vector_weight",
+                "lexical_weight",
+                "graph_weight",
+                "min_similarity",
+                "graph_min_score",
+            )
+        ),
+        *(
+            f"select * from kb.fuse_rrf('{{1}}', '{{2}}', {name} => '{bad}')"
+            for name in ("vector_weight", "lexical_weight", "graph_weight")
+        ),
+        f"select * from kb.search_vector(array[1,0,0]::vector, min_similarity => '{bad}')",
+        f"select * from kb.expand_graph('{{1}}', min_score => '{bad}')",
+    ]
+    for sql in calls:
+        with raises_sqlstate(conn, "22023") as info:
+            conn.execute(sql)
+        assert info.value.diag.message_hint, sql
+        assert bad in info.value.diag.message_primary, sql
