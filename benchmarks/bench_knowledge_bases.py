@@ -70,6 +70,7 @@ from bench_search import (
     word_distribution,
 )
 
+from kbpg.store import db as kdb
 from kbpg.store.embedded import EmbeddedServer
 
 POOL = 32  # kb.search's per-arm pool for match_count 8
@@ -746,6 +747,21 @@ def statistics_rows(conn: psycopg.Connection[Any]) -> None:
     )
 
 
+def upgrade_section(admin: str) -> None:
+    """`kbpg db upgrade` today: base to head on an empty database, then again at head (what an
+    upgrade re-applies whatever the rows: under the tiered layout its cost does not grow with
+    the number of small knowledge bases, only with the big ones' partitions)."""
+    log(f"\n== kbpg db upgrade (kbpg.store.db.upgrade; load average {load_average()})")
+    with psycopg.connect(admin, autocommit=True) as c:
+        c.execute("drop database if exists kbpg_head")
+        c.execute("create database kbpg_head")
+    url = database_url(admin, "kbpg_head")
+    for label in ("base -> head, empty database", "at head (sql/ re-applied)"):
+        t = time.perf_counter()
+        kdb.upgrade(url)
+        log(f"  {label:<32} {time.perf_counter() - t:6.1f} s")
+
+
 def ddl_section(conn: psycopg.Connection[Any]) -> None:
     log(f"\n== DDL an upgrade runs, each rolled back (load average {load_average()})")
     for label, sql in DDL:
@@ -777,6 +793,11 @@ def main() -> None:
     parser.add_argument("--queries", type=int, default=40)
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--only",
+        help="comma-separated sections to run: search, planning, sizes, statistics, promotion,"
+        " create-drop, ddl, upgrade (default: all)",
+    )
     parser.add_argument(
         "--keep", type=Path, metavar="DIR", help="keep (and reuse) the loaded server"
     )
@@ -826,13 +847,19 @@ def main() -> None:
                     " where indrelid = t.relid)"
                 )
             conn.execute(SETTINGS)
-            search_section(conn, info, args)
-            planning_section(conn, info)
-            layout_sizes(conn)
-            statistics_rows(conn)
-            promotion(conn)
-            create_drop_section(conn, info, args)
-            ddl_section(conn)
+            sections: dict[str, Callable[[], None]] = {
+                "search": lambda: search_section(conn, info, args),
+                "planning": lambda: planning_section(conn, info),
+                "sizes": lambda: layout_sizes(conn),
+                "statistics": lambda: statistics_rows(conn),
+                "promotion": lambda: promotion(conn),
+                "create-drop": lambda: create_drop_section(conn, info, args),
+                "ddl": lambda: ddl_section(conn),
+                "upgrade": lambda: upgrade_section(admin),
+            }
+            chosen = args.only.split(",") if args.only else list(sections)
+            for name in chosen:
+                sections[name]()
         log(f"\ndone; load average {load_average()}")
     finally:
         server.stop()
