@@ -33,7 +33,9 @@ BM25 impact cache), each statement planned per call as the functions' EXECUTE pl
   the 1,000-partition table and on the others; whether creating or dropping a partition waits
   for a search running in another knowledge base.
 
-    nice -n 10 python benchmarks/bench_knowledge_bases.py              # ~25 min on 2 shared cores
+    nice -n 10 python benchmarks/bench_knowledge_bases.py   # 612k chunks: over 40 min at load 6-12
+    nice -n 10 python benchmarks/bench_knowledge_bases.py --big 50000 --medium 5000 --small-min 100 \
+        --small-max 250     # 220k chunks, 1,000 knowledge bases: 30 min at load 7-12 (the doc's run)
     nice -n 10 python benchmarks/bench_knowledge_bases.py --big 20000 --small 200  # quick look
     ... --keep /tmp/kbpg-kbs   # keep the loaded server; a later run reuses it (no reload)
 """
@@ -386,7 +388,10 @@ def search_section(
     small = [k for k in (int(x) for x in info["sizes"]) if k > MEDIUM]
     for label, kbs in (
         (f"the medium knowledge base ({info['sizes'][str(MEDIUM)]:,} chunks)", [MEDIUM] * n),
-        (f"small knowledge bases ({args.small_min}-{args.small_max} chunks), one query each", rng.sample(small, n)),
+        (
+            f"small knowledge bases ({args.small_min}-{args.small_max} chunks), one query each",
+            rng.sample(small, n),
+        ),
     ):
         log(
             f"\n== {label}: recall@{POOL} against an exact scan of the knowledge base (load average {load_average()})"
