@@ -43,9 +43,9 @@ as $$ select coalesce((select r.rolsuper or r.rolbypassrls from pg_catalog.pg_ro
     or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
                                                  where c.oid = pg_catalog.to_regclass('kb.chunks')),
                                        'USAGE'), false)
-    or coalesce((select pg_catalog.pg_has_role(
-                            caller, pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)), 'USAGE')
-                   from kb.access_settings s), false) $$;
+    -- the writer role by its OID: a role dropped and re-created under its name is not it
+    or coalesce((select pg_catalog.pg_has_role(caller, r.oid, 'USAGE')
+                   from kb.access_settings s join pg_catalog.pg_roles r on r.oid = s.writer_oid), false) $$;
 comment on function kb._access_reads_all_as(oid) is
     'True when the role reads every group: a superuser, a role with BYPASSRLS, the kb tables'' '
     'owner or a role that may use it, or a role that may use the writer role.';

@@ -78,29 +78,35 @@ declare
     f regprocedure;
     col record;
     version_table regclass;
+    -- the recorded roles by OID, under their names of today (renamed: still them; dropped and
+    -- re-created under the old name: not them, and granted nothing)
+    reader_name text;
+    writer_name text;
 begin
     select * into s from kb.access_settings;
+    select r.rolname into reader_name from pg_catalog.pg_roles r where r.oid = s.reader_oid;
+    select r.rolname into writer_name from pg_catalog.pg_roles r where r.oid = s.writer_oid;
     -- SECURITY DEFINER functions run with the owner's rights: only the roles granted them below
     -- (and the owner) may call them, whoever else may reach schema kb
     for f in select p.oid::regprocedure from pg_catalog.pg_proc p
               where p.pronamespace = 'kb'::regnamespace and p.prosecdef loop
         execute format('revoke execute on function %s from public', f);
     end loop;
-    if s.reader_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)) is not null then
-        execute format('grant usage on schema kb to %I', s.reader_role);
+    if reader_name is not null then
+        execute format('grant usage on schema kb to %I', reader_name);
         -- no table, column or sequence privilege at all (0.2's readers had SELECT under
         -- row-level security, which EXPLAIN ANALYZE saw through): only the reader API
-        execute format('revoke all on all tables in schema kb from %I', s.reader_role);
-        execute format('revoke all on all sequences in schema kb from %I', s.reader_role);
+        execute format('revoke all on all tables in schema kb from %I', reader_name);
+        execute format('revoke all on all sequences in schema kb from %I', reader_name);
         for col in select a.attrelid::regclass as rel, a.attname
                      from pg_catalog.pg_attribute a
                      join pg_catalog.pg_class c on c.oid = a.attrelid
                     where c.relnamespace = 'kb'::regnamespace and a.attacl is not null loop
-            execute format('revoke all (%I) on %s from %I', col.attname, col.rel, s.reader_role);
+            execute format('revoke all (%I) on %s from %I', col.attname, col.rel, reader_name);
         end loop;
-        execute format('revoke execute on all functions in schema kb from %I', s.reader_role);
+        execute format('revoke execute on all functions in schema kb from %I', reader_name);
         foreach f in array kb._access_reader_api() loop
-            execute format('grant execute on function %s to %I', f, s.reader_role);
+            execute format('grant execute on function %s to %I', f, reader_name);
         end loop;
     end if;
     if kb._distributed() then
@@ -110,22 +116,22 @@ begin
         -- enforced; readers read through the reader API, which applies their grants itself
         foreach t in array kb._access_tables()::text[] loop
             execute format('drop policy if exists access_writer on %s', t);
-            if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
+            if writer_name is not null then
                 execute format('create policy access_writer on %s for all to %I using (true) with check (true)',
-                               t, s.writer_role);
+                               t, writer_name);
             end if;
         end loop;
     end if;
-    if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
-        execute format('grant usage on schema kb to %I', s.writer_role);
-        execute format('grant execute on all functions in schema kb to %I', s.writer_role);
+    if writer_name is not null then
+        execute format('grant usage on schema kb to %I', writer_name);
+        execute format('grant execute on all functions in schema kb to %I', writer_name);
         execute format('grant select, insert, update, delete on all tables in schema kb to %I',
-                       s.writer_role);
-        execute format('grant usage, select on all sequences in schema kb to %I', s.writer_role);
+                       writer_name);
+        execute format('grant usage, select on all sequences in schema kb to %I', writer_name);
         -- a writer ingests; it does not decide who reads what, nor the language (only
         -- kb.set_language, the owner's, changes it: it re-analyses every chunk with it)
         execute format('revoke insert, update, delete, truncate on kb.access_grants, kb.access_settings, '
-                       'kb.language from %I', s.writer_role);
+                       'kb.language from %I', writer_name);
     end if;
     -- kbpg checks the schema version before it searches or writes
     select c.oid::regclass into version_table
@@ -134,8 +140,8 @@ begin
        and pg_catalog.has_schema_privilege(c.relnamespace, 'USAGE')
      limit 1;
     if version_table is not null then
-        foreach t in array array[s.reader_role, s.writer_role] loop
-            if t is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(t)) is not null then
+        foreach t in array array[reader_name, writer_name] loop
+            if t is not null then
                 execute format('grant select on %s to %I', version_table, t);
             end if;
         end loop;
@@ -166,8 +172,13 @@ begin
     select * into s from kb.access_settings;
     -- role names are cluster-wide: knowledge bases on one server share kbpg_reader/kbpg_writer
     -- unless given names of their own (their grants and policies stay per database either way)
-    want_reader := coalesce(access_setup.reader_role, s.reader_role, 'kbpg_reader');
-    want_writer := coalesce(access_setup.writer_role, s.writer_role, 'kbpg_writer');
+    -- the recorded roles under their names of today (a rename keeps them)
+    want_reader := coalesce(access_setup.reader_role,
+                            (select a.rolname from pg_catalog.pg_roles a where a.oid = s.reader_oid),
+                            s.reader_role, 'kbpg_reader');
+    want_writer := coalesce(access_setup.writer_role,
+                            (select a.rolname from pg_catalog.pg_roles a where a.oid = s.writer_oid),
+                            s.writer_role, 'kbpg_writer');
     if want_reader = want_writer then
         raise exception 'the reader and writer roles must differ (both %)', want_reader
             using errcode = '22023', hint = 'pass reader_role => ... and writer_role => ...';
@@ -185,7 +196,10 @@ begin
             execute format('create role %I nologin', r);
         end if;
     end loop;
-    update kb.access_settings set reader_role = want_reader, writer_role = want_writer;
+    update kb.access_settings
+       set reader_role = want_reader, writer_role = want_writer,
+           reader_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_reader)),
+           writer_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_writer));
     perform kb._access_apply_grants();
     return query select want_reader, want_writer;
 end
@@ -333,7 +347,8 @@ as $$
            (select pg_catalog.count(*) filter (where c.relrowsecurity)::integer
               from pg_catalog.pg_class c where c.oid = any (kb._access_tables())),
            pg_catalog.cardinality(kb._access_tables()),
-           s.reader_role, s.writer_role,
+           (select r.rolname::text from pg_catalog.pg_roles r where r.oid = s.reader_oid),
+           (select r.rolname::text from pg_catalog.pg_roles r where r.oid = s.writer_oid),
            (select l.split_by_groups from kb.lexical_state l),
            kb._access_groups_of(kb._access_caller()),
            kb._access_reads_all_as(kb._access_caller())

@@ -1,4 +1,5 @@
-"""Access grants name their role by OID, as PostgreSQL's own ACLs do.
+"""Access grants name their role by OID, as PostgreSQL's own ACLs do; so do the reader and
+writer role settings.
 
 Revision ID: 0021
 Revises: 0020
@@ -64,6 +65,16 @@ set search_path = pg_catalog, pg_temp
 as $body$ select (select coalesce(pg_catalog.array_agg(distinct g.group_name), '{}')
           from kb.access_grants g
          where coalesce(pg_catalog.pg_has_role(g.role_id, 'USAGE'), false)) $body$;
+
+-- the reader and writer roles by OID too: a dropped and re-created kbpg_writer must not read
+-- every group through the reader API (kb._access_reads_all_as)
+alter table kb.access_settings add column reader_oid oid, add column writer_oid oid;
+update kb.access_settings s
+   set reader_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)),
+       writer_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role));
+comment on column kb.access_settings.writer_oid is
+    'The writer role''s OID: the role that reads every group is this one, not whatever role '
+    'bears its name (reader_role and writer_role keep the names kb.access_setup creates).';
 """
 
 DOWNGRADE = r"""
@@ -85,6 +96,7 @@ set search_path = pg_catalog, pg_temp
 as $body$ select (select coalesce(pg_catalog.array_agg(distinct g.group_name), '{}')
           from kb.access_grants g
          where pg_catalog.pg_has_role(pg_catalog.to_regrole(pg_catalog.quote_ident(g.role)), 'USAGE')) $body$;
+alter table kb.access_settings drop column reader_oid, drop column writer_oid;
 """
 
 

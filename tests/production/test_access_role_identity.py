@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from kbpg.store import db as kdb
 from tests.accessdata import PASSWORD, AccessKb, build, login_roles
 from tests.sqldata import vec
 
@@ -115,3 +116,37 @@ def test_a_renamed_role_keeps_its_grants_under_its_new_name(admin_url: str, akb:
     finally:
         with psycopg.connect(admin_url, autocommit=True) as admin:
             admin.execute(f'drop role if exists "{renamed}"')
+
+
+def test_a_recreated_writer_role_does_not_read_every_group(
+    akb: AccessKb, creator: psycopg.Connection[Any], admin_url: str
+) -> None:
+    # writer and reader roles of this database's own (role names are cluster-wide)
+    suffix = uuid.uuid4().hex[:8]
+    reader, writer = f"kbt_reader_{suffix}", f"kbt_writer_{suffix}"
+    dave = akb.roles["dave"]
+    try:
+        with akb.connect("owner") as conn:
+            conn.execute("select * from kb.access_setup(%s, %s)", (reader, writer))
+            conn.execute(f'grant "{reader}" to "{dave}"')
+            conn.execute(f'grant "{writer}" to "{akb.roles["walt"]}"')
+        with akb.connect("walt") as conn:
+            assert conn.execute("select reads_all from kb.access_status()").fetchone() == (True,)
+        with akb.connect("owner") as conn:
+            conn.execute(f'drop owned by "{writer}"')
+            conn.execute(f'drop role "{writer}"')
+        # a role with CREATEROLE takes the writer's name and hands it to a reader
+        creator.execute(f'create role "{writer}" nologin')
+        creator.execute(f'grant "{writer}" to "{dave}"')
+        with akb.connect("dave") as conn:
+            assert finance_hits(conn, akb) == set()
+            assert conn.execute(
+                "select reads_all, writer_role from kb.access_status()"
+            ).fetchone() == (False, None)
+    finally:
+        with psycopg.connect(admin_url, autocommit=True) as admin, kdb.connect(akb.url) as db:
+            for role in (reader, writer):
+                if admin.execute("select 1 from pg_roles where rolname = %s", (role,)).fetchone():
+                    db.execute(f'drop owned by "{role}"')
+                    db.commit()
+                    admin.execute(f'drop role "{role}"')
