@@ -8,11 +8,13 @@ from types import TracebackType
 from typing import Any, Self
 
 from kbpg.config import Settings
+from kbpg.errors import SchemaNotMigrated
 from kbpg.models.clients import ModelClients
-from kbpg.models.embedders import Embedder
+from kbpg.models.embedders import Embedder, default_embedder, embedder_for_model
 from kbpg.search.request import SearchRequest
 from kbpg.search.results import SearchResult
 from kbpg.search.run import run_search
+from kbpg.store.language import ModelDefaults, model_defaults
 from kbpg.store.readiness import Readiness
 from kbpg.store.sessions import Cancellation, Connection, Database, Principal
 
@@ -37,9 +39,28 @@ class KnowledgeBase:
         embedder_name: str | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
-        self.models = ModelClients(self.settings, embedder, embedder_name)
         self.db = Database(self.settings, url, pool_size=pool_size)
         self.url = self.db.url
+        self.models = ModelClients(
+            self.settings, embedder, embedder_name, default_embedder=self.default_embedder_name
+        )
+
+    def model_defaults(self) -> ModelDefaults:
+        """kb.model_defaults(): the recorded model, the language, the default vector weight."""
+        with self.db.connection() as conn:
+            return model_defaults(conn)
+
+    def default_embedder_name(self) -> str:
+        """The embedder when none is named (--embedder, KBPG_EMBEDDER): the one of the model
+        the knowledge base records, else its language's default (MiniLM for English, the
+        multilingual model otherwise). A database without kbpg's schema yet is English."""
+        try:
+            defaults = self.model_defaults()
+        except SchemaNotMigrated:
+            return default_embedder(english=True)
+        if defaults.model is not None:
+            return embedder_for_model(defaults.model)
+        return default_embedder(defaults.english)
 
     @classmethod
     def from_env(
@@ -62,7 +83,8 @@ class KnowledgeBase:
 
     @property
     def embedder(self) -> Embedder:
-        """The query and document model (KBPG_EMBEDDER unless given), loaded on first use."""
+        """The query and document model (the one given, --embedder, KBPG_EMBEDDER, else the
+        knowledge base's recorded model, else its language's default), loaded on first use."""
         return self.models.embedder
 
     # -- sessions, for callers that run their own SQL (kbpg.store.sessions.Database's) ------

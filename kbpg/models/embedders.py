@@ -457,22 +457,58 @@ def embed_queries(embedder: Embedder, texts: Sequence[str]) -> FloatArray:
 
 
 EMBEDDERS = ("minilm", "e5-multilingual", "openai")
+# the models' own names are accepted too: error messages and `kbpg stats` show those
+_ALIASES = {MINILM_MODEL_NAME.lower(): "minilm", E5_MODEL_NAME.lower(): "e5-multilingual"}
+# the embedder that embeds with a recorded model (other names: an OpenAI-compatible server's)
+_MODEL_EMBEDDERS = {MINILM_MODEL_NAME: "minilm", E5_MODEL_NAME: "e5-multilingual"}
+# the knowledge-base languages a model knows, as kb.embedding_space.languages records them
+# (`english`: every configuration built on English or simple dictionaries); absent: every one
+_MODEL_LANGUAGES = {MINILM_MODEL_NAME: ("english",)}
 _cache: dict[tuple[str, ...], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
-def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
-    """The embedder called `name` (default KBPG_EMBEDDER), created once per process."""
-    chosen = (name or settings.embedder or "minilm").strip().lower()
-    if chosen in ("minilm", "e5-multilingual"):
-        key: tuple[str, ...] = (chosen,)
-    elif chosen == "openai":
-        key = ("openai", settings.openai_base_url, settings.openai_model)
-    else:
+def embedder_name(name: str) -> str:
+    """The embedder called `name` (minilm, e5-multilingual, openai, or a model's own name such
+    as multilingual-e5-small); ConfigError naming the accepted values otherwise."""
+    chosen = name.strip().lower()
+    chosen = _ALIASES.get(chosen, chosen)
+    if chosen not in EMBEDDERS:
         raise ConfigError(
-            f"unknown embedder {chosen!r}",
+            f"unknown embedder {name.strip()!r}",
             hint=f"choose one of {', '.join(EMBEDDERS)} (KBPG_EMBEDDER or --embedder)",
         )
+    return chosen
+
+
+def embedder_for_model(model_name: str) -> str:
+    """The embedder that embeds as `model_name` does (a recorded model kbpg does not carry is
+    an OpenAI-compatible server's)."""
+    return _MODEL_EMBEDDERS.get(model_name, "openai")
+
+
+def default_embedder(english: bool) -> str:
+    """The embedder a knowledge base gets when nothing names one: MiniLM for English, the
+    multilingual model for every other language."""
+    return "minilm" if english else "e5-multilingual"
+
+
+def model_languages(model_name: str) -> list[str] | None:
+    """The languages `model_name` knows (kb.set_embedding_space's model_languages); None:
+    every language, or a model kbpg cannot tell about."""
+    known = _MODEL_LANGUAGES.get(model_name)
+    return list(known) if known is not None else None
+
+
+def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
+    """The embedder called `name` (default KBPG_EMBEDDER, else minilm), created once per
+    process. Callers with a database resolve the knowledge base's own model first
+    (kbpg.app.KnowledgeBase)."""
+    chosen = embedder_name(name or settings.embedder or "minilm")
+    if chosen in ("minilm", "e5-multilingual"):
+        key: tuple[str, ...] = (chosen,)
+    else:
+        key = ("openai", settings.openai_base_url, settings.openai_model)
     with _cache_lock:
         embedder = _cache.get(key)
         if embedder is None:
@@ -489,14 +525,14 @@ def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
 
 
 def model_mismatch(language: str, english: bool, model_name: str | None) -> str | None:
-    """A warning when an English-only model would embed a knowledge base in another language:
-    its vector arm is noise there, and fused by RRF it pulls the hybrid below the lexical arm
-    (XQuAD Russian: hybrid .575, lexical .854)."""
+    """The notice when an English-only model embeds a knowledge base in another language: its
+    vector arm is noise there, and fused by RRF it pulls the hybrid below the lexical arm
+    (XQuAD Russian: hybrid .624, lexical .948), so kb.search leaves it out by default."""
     if english or model_name not in ENGLISH_ONLY_MODELS:
         return None
     return (
         f"the knowledge base's language is {language}, but {model_name} knows English only: "
-        f"its vector arm adds noise to the hybrid search. Use KBPG_EMBEDDER=e5-multilingual "
-        f"({E5_MODEL_NAME}, offline; `kbpg reembed --embedder e5-multilingual`), or turn the "
-        f"vector arm off (`kbpg search --vector-weight 0`; kb.search without an embedding)"
+        f"its vector arm is left out of the hybrid search (--vector-weight brings it back). "
+        f"For a vector arm that knows {language}: `kbpg reembed --embedder e5-multilingual` "
+        f"({E5_MODEL_NAME}, offline)"
     )
