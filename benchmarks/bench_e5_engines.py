@@ -9,7 +9,7 @@ call, as a search embeds it; MiniLM's beside them), and nDCG@10 of exact cosine 
 the paired t of the per-question differences; the cosine of each passage's two vectors; the
 resident memory each engine added when it loaded.
 
-    nice -n 10 python benchmarks/bench_e5_engines.py [--ir ../shared/ir] [--languages ru,zh,de,es,en]
+    nice -n 10 python benchmarks/bench_e5_engines.py [--ir /work/shared/ir] [--languages ru,zh,de,es,en]
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ def paired_t(a: list[float], b: list[float]) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--ir", type=Path, default=ROOT.parent / "shared" / "ir")
+    parser.add_argument("--ir", type=Path, default=Path("/work/shared/ir"))
     parser.add_argument("--languages", default="ru,zh,de,es,en")
     args = parser.parse_args()
 

@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from kbpg.config import Settings
-from kbpg.errors import SchemaNotMigrated
+from kbpg.errors import EmbeddingSpaceMismatch, SchemaNotMigrated
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, default_embedder, embedder_for_model
 from kbpg.search.request import SearchRequest
@@ -58,9 +58,18 @@ class KnowledgeBase:
             defaults = self.model_defaults()
         except SchemaNotMigrated:
             return default_embedder(english=True)
-        if defaults.model is not None:
-            return embedder_for_model(defaults.model)
-        return default_embedder(defaults.english)
+        if defaults.model is None:
+            return default_embedder(defaults.english)
+        name = embedder_for_model(defaults.model)
+        if name == "openai" and self.settings.openai_model != defaults.model:
+            raise EmbeddingSpaceMismatch(
+                f"embedding space mismatch: this knowledge base holds {defaults.model} vectors, "
+                f"a model kbpg does not carry",
+                hint=f"serve it with an OpenAI-compatible server (KBPG_OPENAI_MODEL="
+                f"{defaults.model}, KBPG_OPENAI_BASE_URL), or run `kbpg reembed --embedder "
+                f"{default_embedder(defaults.english)}` to rebuild it offline",
+            )
+        return name
 
     @classmethod
     def from_env(
