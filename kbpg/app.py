@@ -8,7 +8,7 @@ from types import TracebackType
 from typing import Any, Self
 
 from kbpg.config import Settings
-from kbpg.errors import EmbeddingSpaceMismatch, SchemaNotMigrated
+from kbpg.errors import DatabaseUnavailable, EmbeddingSpaceMismatch, SchemaNotMigrated
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, default_embedder, embedder_for_model
 from kbpg.search.request import SearchRequest
@@ -85,6 +85,8 @@ class KnowledgeBase:
         kb = cls(url, settings=settings, pool_size=pool_size, embedder_name=embedder)
         try:
             kb.embedder  # noqa: B018 - load now, so that search timings do not include it
+        except DatabaseUnavailable:
+            pass  # which model the knowledge base records is read once it answers
         except BaseException:
             kb.close()
             raise
@@ -159,8 +161,20 @@ class KnowledgeBase:
         return run_search(self.db, self.models, request, principal, cancel)
 
     def warm_up(self) -> None:
-        """Run the model once so that the first real query does not pay for lazy set-up."""
-        self.embedder.embed_query("warm up")
+        """Run the model once so that the first real query does not pay for lazy set-up (not
+        while the database, which says which model, does not answer)."""
+        try:
+            embedder = self.embedder
+        except DatabaseUnavailable:
+            return
+        embedder.embed_query("warm up")
+
+    def model_name(self) -> str | None:
+        """The embedding model's name; None while the database, which records it, is down."""
+        try:
+            return self.embedder.model_name
+        except DatabaseUnavailable:
+            return None
 
     def readiness(self) -> Readiness:
         """The primary's and each read replica's state (ok, busy, down, unmigrated, lagging),
@@ -173,7 +187,7 @@ class KnowledgeBase:
         ready = self.readiness()
         return {
             "ok": ready.ok,
-            "model": self.embedder.model_name,
+            "model": self.model_name(),
             "primary": ready.primary.as_dict(),
             "replicas": [r.as_dict() for r in ready.replicas],
         }
