@@ -3,12 +3,19 @@ and the search every face (CLI, HTTP, MCP, adapters) calls."""
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Self
 
 from kbpg.config import Settings
-from kbpg.errors import DatabaseUnavailable, EmbeddingSpaceMismatch, SchemaNotMigrated
+from kbpg.errors import (
+    DatabaseUnavailable,
+    EmbeddingSpaceMismatch,
+    KbpgError,
+    ReadOnlyDatabase,
+    SchemaNotMigrated,
+)
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, default_embedder, embedder_for_model
 from kbpg.search.request import SearchRequest
@@ -44,11 +51,22 @@ class KnowledgeBase:
         self.models = ModelClients(
             self.settings, embedder, embedder_name, default_embedder=self.default_embedder_name
         )
+        if embedder is None:
+            # which model, read now: later a caller may hold the pool's only connection. A
+            # database that cannot say (down, no privilege) is asked again when a model is needed,
+            # and that call says why; a command that embeds nothing never asks.
+            with contextlib.suppress(KbpgError):
+                self.models.embedder_name()
 
     def model_defaults(self) -> ModelDefaults:
-        """kb.model_defaults(): the recorded model, the language, the default vector weight."""
-        with self.db.connection() as conn:
-            return model_defaults(conn)
+        """kb.model_defaults(): the recorded model, the language, the default vector weight,
+        from the primary (a read replica may lag a reembed; nor is it a search to count)."""
+        try:
+            with self.db.connection(write=True) as conn:
+                return model_defaults(conn)
+        except ReadOnlyDatabase:  # kbpg pointed at a standby alone
+            with self.db.connection() as conn:
+                return model_defaults(conn)
 
     def default_embedder_name(self) -> str:
         """The embedder when none is named (--embedder, KBPG_EMBEDDER): the one of the model
