@@ -3,16 +3,25 @@ and the search every face (CLI, HTTP, MCP, adapters) calls."""
 
 from __future__ import annotations
 
+import contextlib
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Self
 
 from kbpg.config import Settings
+from kbpg.errors import (
+    DatabaseUnavailable,
+    EmbeddingSpaceMismatch,
+    KbpgError,
+    ReadOnlyDatabase,
+    SchemaNotMigrated,
+)
 from kbpg.models.clients import ModelClients
-from kbpg.models.embedders import Embedder
+from kbpg.models.embedders import Embedder, default_embedder, embedder_for_model
 from kbpg.search.request import SearchRequest
 from kbpg.search.results import SearchResult
 from kbpg.search.run import run_search
+from kbpg.store.language import ModelDefaults, model_defaults
 from kbpg.store.readiness import Readiness
 from kbpg.store.sessions import Cancellation, Connection, Database, Principal
 
@@ -37,9 +46,48 @@ class KnowledgeBase:
         embedder_name: str | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
-        self.models = ModelClients(self.settings, embedder, embedder_name)
         self.db = Database(self.settings, url, pool_size=pool_size)
         self.url = self.db.url
+        self.models = ModelClients(
+            self.settings, embedder, embedder_name, default_embedder=self.default_embedder_name
+        )
+        if embedder is None:
+            # which model, read now: later a caller may hold the pool's only connection. A
+            # database that cannot say (down, no privilege) is asked again when a model is needed,
+            # and that call says why; a command that embeds nothing never asks.
+            with contextlib.suppress(KbpgError):
+                self.models.embedder_name()
+
+    def model_defaults(self) -> ModelDefaults:
+        """kb.model_defaults(): the recorded model, the language, the default vector weight,
+        from the primary (a read replica may lag a reembed; nor is it a search to count)."""
+        try:
+            with self.db.connection(write=True) as conn:
+                return model_defaults(conn)
+        except ReadOnlyDatabase:  # kbpg pointed at a standby alone
+            with self.db.connection() as conn:
+                return model_defaults(conn)
+
+    def default_embedder_name(self) -> str:
+        """The embedder when none is named (--embedder, KBPG_EMBEDDER): the one of the model
+        the knowledge base records, else its language's default (MiniLM for English, the
+        multilingual model otherwise). A database without kbpg's schema yet is English."""
+        try:
+            defaults = self.model_defaults()
+        except SchemaNotMigrated:
+            return default_embedder(english=True)
+        if defaults.model is None:
+            return default_embedder(defaults.english)
+        name = embedder_for_model(defaults.model)
+        if name == "openai" and self.settings.openai_model != defaults.model:
+            raise EmbeddingSpaceMismatch(
+                f"embedding space mismatch: this knowledge base holds {defaults.model} vectors, "
+                f"a model kbpg does not carry",
+                hint=f"serve it with an OpenAI-compatible server (KBPG_OPENAI_MODEL="
+                f"{defaults.model}, KBPG_OPENAI_BASE_URL), or run `kbpg reembed --embedder "
+                f"{default_embedder(defaults.english)}` to rebuild it offline",
+            )
+        return name
 
     @classmethod
     def from_env(
@@ -55,6 +103,8 @@ class KnowledgeBase:
         kb = cls(url, settings=settings, pool_size=pool_size, embedder_name=embedder)
         try:
             kb.embedder  # noqa: B018 - load now, so that search timings do not include it
+        except DatabaseUnavailable:
+            pass  # which model the knowledge base records is read once it answers
         except BaseException:
             kb.close()
             raise
@@ -62,7 +112,8 @@ class KnowledgeBase:
 
     @property
     def embedder(self) -> Embedder:
-        """The query and document model (KBPG_EMBEDDER unless given), loaded on first use."""
+        """The query and document model (the one given, --embedder, KBPG_EMBEDDER, else the
+        knowledge base's recorded model, else its language's default), loaded on first use."""
         return self.models.embedder
 
     # -- sessions, for callers that run their own SQL (kbpg.store.sessions.Database's) ------
@@ -128,8 +179,20 @@ class KnowledgeBase:
         return run_search(self.db, self.models, request, principal, cancel)
 
     def warm_up(self) -> None:
-        """Run the model once so that the first real query does not pay for lazy set-up."""
-        self.embedder.embed_query("warm up")
+        """Run the model once so that the first real query does not pay for lazy set-up (not
+        while the database, which says which model, does not answer)."""
+        try:
+            embedder = self.embedder
+        except DatabaseUnavailable:
+            return
+        embedder.embed_query("warm up")
+
+    def model_name(self) -> str | None:
+        """The embedding model's name; None while the database, which records it, is down."""
+        try:
+            return self.embedder.model_name
+        except DatabaseUnavailable:
+            return None
 
     def readiness(self) -> Readiness:
         """The primary's and each read replica's state (ok, busy, down, unmigrated, lagging),
@@ -142,7 +205,7 @@ class KnowledgeBase:
         ready = self.readiness()
         return {
             "ok": ready.ok,
-            "model": self.embedder.model_name,
+            "model": self.model_name(),
             "primary": ready.primary.as_dict(),
             "replicas": [r.as_dict() for r in ready.replicas],
         }

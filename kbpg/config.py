@@ -132,7 +132,8 @@ def default_home() -> Path:
 class Settings:
     database_url: str | None
     home: Path
-    embedder: str
+    # KBPG_EMBEDDER; None: the knowledge base's recorded model, else its language's default
+    embedder: str | None
     default_max_chunks: int
     lexical_enabled: bool
     openai_base_url: str
@@ -158,7 +159,7 @@ class Settings:
         return cls(
             database_url=_env_url("KBPG_DATABASE_URL") or None,
             home=Path(home).expanduser().resolve() if home else default_home(),
-            embedder=os.environ.get("KBPG_EMBEDDER", "minilm").strip() or "minilm",
+            embedder=_env("KBPG_EMBEDDER"),
             default_max_chunks=_env_int("KBPG_DEFAULT_MAX_CHUNKS", DEFAULT_MAX_CHUNKS),
             lexical_enabled=_env_bool("KBPG_HYBRID_LEXICAL_ENABLED", True),
             openai_base_url=os.environ.get("KBPG_OPENAI_BASE_URL", "https://api.openai.com/v1"),

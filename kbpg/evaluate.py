@@ -529,7 +529,7 @@ def score_arms(
 def evaluate(
     url: str,
     dataset: Dataset,
-    embedder: Embedder,
+    embedder: Embedder | None,
     *,
     arms: Sequence[str] | None = None,
     cutoffs: Cutoffs = Cutoffs(),
@@ -541,9 +541,10 @@ def evaluate(
     language: str | None = None,
 ) -> EvalReport:
     """`kbpg eval`: ingest `dataset` into a throwaway database on url's server (in `language`,
-    default english), run the arms, score them, drop the database unless `keep`.
+    default english), run the arms, score them, drop the database unless `keep`. `embedder`
+    None: the language's default model, what a user of that language gets.
     `contextual`: ingest with chunk contexts (compare with a run without to see what they do)."""
-    from kbpg.models.embedders import model_mismatch
+    from kbpg.models.embedders import default_embedder, get_embedder, model_mismatch
     from kbpg.store.language import current_language, is_english
 
     check_options(options or {})  # before the corpus is ingested, not after
@@ -554,7 +555,10 @@ def evaluate(
             progress(f"evaluation database {database_name(eval_url)}")
         with kdb.connect(eval_url) as conn:
             chosen = current_language(conn)
-            mismatch = model_mismatch(chosen, is_english(conn, chosen), embedder.model_name)
+            english = is_english(conn, chosen)
+        if embedder is None:
+            embedder = get_embedder(settings or Settings.from_env(), default_embedder(english))
+        mismatch = model_mismatch(chosen, english, embedder.model_name)
         if mismatch and progress:
             progress(f"warning: {mismatch}")
         collection = ingest_collection(

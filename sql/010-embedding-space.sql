@@ -102,10 +102,38 @@ comment on function kb.set_embedding_layout(text) is
     'Index kb.chunks.embedding with another layout (vector, halfvec or binary): builds the new '
     'HNSW index, then replaces the old one; also rebuilds the index when the layout is the same.';
 
+create or replace function kb._model_languages(model_languages text[])
+returns text[]
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    resolved text[];
+begin
+    if model_languages is null then
+        return null;  -- every language
+    end if;
+    if cardinality(model_languages) = 0 or array_position(model_languages, null) is not null then
+        raise exception 'model_languages must name at least one language, and no NULL'
+            using errcode = '22023',
+                  hint = 'e.g. array[''english''] for an English-only model; NULL: every language';
+    end if;
+    select array_agg(distinct kb._resolve_language(l) order by kb._resolve_language(l))
+      into resolved from unnest(model_languages) l;
+    return resolved;
+end
+$$;
+comment on function kb._model_languages(text[]) is
+    'The languages a model knows as kb.embedding_space records them (each resolved as '
+    'kb.set_language resolves it); NULL stays NULL (every language).';
+
 create or replace function kb.set_embedding_space(
     model_name text,
     vector_dimension integer,
-    layout text default null
+    layout text default null,
+    model_languages text[] default null
 )
 returns void
 language plpgsql
@@ -135,23 +163,25 @@ begin
                   hint = format('use the %s embedder, or run `kbpg reembed` to rebuild every vector with %s',
                                 existing.model, model_name);
     end if;
-    insert into kb.embedding_space (model, dimension, layout)
-    values (model_name, vector_dimension, chosen);
+    insert into kb.embedding_space (model, dimension, layout, languages)
+    values (model_name, vector_dimension, chosen, kb._model_languages(model_languages));
     execute format('alter table kb.chunks alter column embedding type @extschema:vector@.vector(%s)',
                    vector_dimension);
     execute 'create index if not exists chunks_embedding_hnsw on kb.chunks '
             || kb._vector_index_definition(chosen, vector_dimension);
 end
 $$;
-comment on function kb.set_embedding_space(text, integer, text) is
+comment on function kb.set_embedding_space(text, integer, text, text[]) is
     'Record the embedding model and dimension on first ingest (typing kb.chunks.embedding and '
-    'creating its HNSW index in the given layout, default kb.default_vector_layout); refuse '
+    'creating its HNSW index in the given layout, default kb.default_vector_layout) and the '
+    'languages the model knows (NULL: every language; kb.model_defaults); refuse '
     'another model with SQLSTATE KB001.';
 
 create or replace function kb.reset_embedding_space(
     model_name text,
     vector_dimension integer,
-    layout text default null
+    layout text default null,
+    model_languages text[] default null
 )
 returns void
 language plpgsql
@@ -173,13 +203,14 @@ begin
     update kb.chunks set embedding = null where embedding is not null;
     delete from kb.embedding_space;
     execute 'alter table kb.chunks alter column embedding type @extschema:vector@.vector';
-    perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout);
+    perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout,
+                                   reset_embedding_space.model_languages);
 end
 $$;
-comment on function kb.reset_embedding_space(text, integer, text) is
+comment on function kb.reset_embedding_space(text, integer, text, text[]) is
     'Switch the knowledge base to another embedding model: drops every vector and the HNSW '
-    'index, records the new space (layout as in kb.set_embedding_space); the caller re-embeds '
-    '(kbpg reembed).';
+    'index, records the new space (layout and languages as in kb.set_embedding_space); the '
+    'caller re-embeds (kbpg reembed).';
 
 create or replace function kb._check_query_embedding(query_embedding @extschema:vector@.vector)
 returns void

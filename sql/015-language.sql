@@ -265,3 +265,78 @@ comment on function kb.set_language(text) is
     're-analyse every chunk, the BM25 statistics and the impact cache with it, in the caller''s '
     'transaction (writers wait; searches use the old language until it commits). Same language: '
     'nothing to do.';
+
+create or replace function kb._language_is_english(language text)
+returns boolean
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a configuration's words are English to a model when both kinds of word (ASCII and other
+-- letters) go to an english* or simple dictionary (english, simple, a DBA's english_unaccent)
+return case when language = 'cjk' then false else not exists (
+    select 1
+      from pg_catalog.ts_token_type('default') t
+     where t.alias in ('asciiword', 'word')
+       and not exists (select 1
+                         from pg_catalog.pg_ts_config_map m
+                         join pg_catalog.pg_ts_dict d on d.oid = m.mapdict
+                        where m.mapcfg = language::pg_catalog.regconfig
+                          and m.maptokentype = t.tokid
+                          and (d.dictname like 'english%' or d.dictname = 'simple'))) end;
+comment on function kb._language_is_english(text) is
+    'Whether a knowledge-base language analyses words as English (english, simple, or a '
+    'configuration built on their dictionaries); cjk is not.';
+
+create or replace function kb._default_vector_weight()
+returns double precision
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    known text[];
+    language text;
+begin
+    select e.languages into known from kb.embedding_space e;
+    if known is null then
+        return 1;  -- no vectors yet, or a model that knows every language
+    end if;
+    select l.name into language from kb.language l;
+    language := coalesce(language, 'english');
+    if language = any (known)
+       or ('english' = any (known) and kb._language_is_english(language)) then
+        return 1;
+    end if;
+    -- a model that does not know the language: its vector arm is noise that RRF mixes in
+    -- (XQuAD Russian with all-MiniLM-L6-v2: hybrid .624, lexical .948)
+    return 0;
+end
+$$;
+comment on function kb._default_vector_weight() is
+    'The vector arm''s RRF weight when kb.search is given none: 1, or 0 when the knowledge '
+    'base''s language is not one its embedding model knows (kb.embedding_space.languages).';
+
+create or replace function kb.model_defaults()
+returns table (model text, model_languages text[], language text, language_is_english boolean,
+               vector_weight double precision)
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    chosen text := coalesce((select l.name from kb.language l), 'english');
+begin
+    return query
+    select e.model, e.languages, chosen, kb._language_is_english(chosen), kb._default_vector_weight()
+      from (select 1) one
+      left join kb.embedding_space e on true;
+end
+$$;
+comment on function kb.model_defaults() is
+    'What a client embeds with when not told: the recorded model (NULL before the first '
+    'vector) and the languages it knows, the knowledge base''s language and whether it is '
+    'English to a model, and the vector arm''s default weight in kb.search.';

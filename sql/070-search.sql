@@ -11,6 +11,9 @@
 -- returned chunk when an embedding is given (also of chunks only other arms found), else NULL;
 -- vector_rank / lexical_rank / graph_rank are each arm's rank (from 1), NULL where it missed;
 -- fused_rank is the rank after fusion, before the per-document cap.
+-- vector_weight NULL (the default) is kb._default_vector_weight(): 1, or 0 when the embedding
+-- model does not know the knowledge base's language (an English-only model on Russian text);
+-- any weight given overrides it.
 -- extra_embeddings (query expansion: paraphrases of the question) join the vector arm, which
 -- ranks each chunk by its best similarity to any query embedding; similarity is that best one.
 -- rerank_pool => N returns the fused pool for an external reranker instead: each arm fetches
@@ -29,7 +32,7 @@ create or replace function kb.search(
     fetch_multiplier integer default 4,
     max_per_doc integer default 3,
     rrf_k integer default 60,
-    vector_weight double precision default 1,
+    vector_weight double precision default null,
     lexical_weight double precision default 1,
     graph_weight double precision default 1,
     use_lexical boolean default true,
@@ -90,6 +93,8 @@ declare
     err_message text;
     err_detail text;
     err_hint text;
+    -- NULL: 1, or 0 when the embedding model does not know the knowledge base's language
+    vector_w constant double precision := coalesce(search.vector_weight, kb._default_vector_weight());
 begin
     perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -97,7 +102,7 @@ begin
                 coalesce(search.fetch_multiplier::text, 'NULL')
             using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
     end if;
-    perform kb._check_fusion_parameters(search.rrf_k, search.vector_weight,
+    perform kb._check_fusion_parameters(search.rrf_k, vector_w,
                                        search.lexical_weight, search.graph_weight);
     perform kb._check_max_per_doc(search.max_per_doc);
     -- checked here too: an arm that does not run (no embedding, no graph) checks nothing
@@ -112,6 +117,12 @@ begin
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
     end if;
     perform kb._check_query_embedding(search.query_embedding);
+    if search.vector_weight is null and vector_w = 0
+       and (search.query_embedding is not null or search.extra_embeddings is not null) then
+        raise notice 'kbpg: % does not know the knowledge base''s language (%): its vector arm is left out of the fusion',
+                (select e.model from kb.embedding_space e), (select l.name from kb.language l)
+            using hint = 'pass vector_weight (--vector-weight) to fuse it anyway, or re-embed with a model that knows the language (kbpg reembed --embedder e5-multilingual)';
+    end if;
     if search.rerank_pool is not null and search.rerank_pool not between 1 and 1000 then
         raise exception 'rerank_pool must be between 1 and 1000, got %', search.rerank_pool
             using errcode = '22023', hint = 'each arm fetches greatest(rerank_pool, match_count) candidates for a reranker; 20 is usual';
@@ -167,7 +178,7 @@ begin
     vector_only := cardinality(lexical_ids) = 0 and cardinality(graph_ids) = 0;
     if distributed then
         return query select * from kb._search_results_distributed(
-            search.rrf_k, search.vector_weight, search.lexical_weight, search.graph_weight,
+            search.rrf_k, vector_w, search.lexical_weight, search.graph_weight,
             case when search.rerank_pool is null then search.max_per_doc end,
             case when search.rerank_pool is null then search.match_count end,
             vector_only, embeddings, vector_ids || lexical_ids || graph_ids,
@@ -179,7 +190,7 @@ begin
            array_agg(f.lexical_rank order by f.rank), array_agg(f.graph_rank order by f.rank)
       into fused_ids, fused_docs, fused_scores, fused_vector_ranks, fused_lexical_ranks,
            fused_graph_ranks
-      from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, search.vector_weight,
+      from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, vector_w,
                        search.lexical_weight, search.graph_weight) f
       join kb.chunks c on c.id = f.chunk_id;
     if fused_ids is null then
@@ -223,6 +234,7 @@ comment on function kb.search(text, @extschema:vector@.vector, integer, text[], 
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. Filters: '
     'groups => chunks in any of the groups, category => that category, labels => chunks '
     'carrying all of the labels. NULL '
-    'embedding: lexical (+ graph) only. extra_embeddings: more query vectors for the vector '
+    'embedding: lexical (+ graph) only. vector_weight NULL: kb._default_vector_weight() (0 when '
+    'the embedding model does not know the knowledge base''s language). extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '
     'uncapped and uncut, for a reranker. A reader finds only the chunks it may read. Example: SELECT * FROM kb.search(''renew permit'', match_count => 5).';

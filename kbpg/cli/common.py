@@ -146,7 +146,8 @@ embedder_option = click.option(
     metavar="NAME",
     default=None,
     help="Embedding provider: minilm (offline, English), e5-multilingual (offline, ~100 "
-    "languages, slow on passages) or openai  [env var: KBPG_EMBEDDER; default: minilm].",
+    "languages) or openai  [env var: KBPG_EMBEDDER; default: the model the knowledge base "
+    "records, else minilm for English and e5-multilingual for other languages].",
 )
 
 

@@ -259,7 +259,7 @@ def db_upgrade(
 
 def _set_language(app: AppContext, language: str) -> None:
     """The knowledge base's language, changed in one transaction with progress on stderr."""
-    from kbpg.models.embedders import get_embedder, model_mismatch
+    from kbpg.models.embedders import default_embedder, get_embedder, model_mismatch
     from kbpg.store import db as kdb
     from kbpg.store import queries
     from kbpg.store.language import change_language, is_english
@@ -277,7 +277,11 @@ def _set_language(app: AppContext, language: str) -> None:
     if tty and change.changed:
         click.echo("\r\x1b[K", nl=False, err=True)
     click.echo(change.describe())
-    model = str(space[0]) if space else get_embedder(app.settings).model_name
+    if space:
+        model = str(space[0])
+    else:  # the model a first ingest will record
+        name = app.settings.embedder or default_embedder(english)
+        model = get_embedder(app.settings, name).model_name
     warning = model_mismatch(change.after, english, model)
     if warning:
         click.echo(f"warning: {warning}", err=True)

@@ -402,12 +402,18 @@ def _human_bytes(size: int) -> str:
 @pass_app
 @handle_errors
 def reembed(app: AppContext, embedder_name: str | None) -> None:
-    """Rebuild every vector with another embedding model (one transaction: all or nothing)."""
+    """Rebuild every vector with another embedding model (one transaction: all or nothing);
+    progress on stderr. Without --embedder (and KBPG_EMBEDDER): the default model of the
+    knowledge base's language. Every command then uses the model the knowledge base records."""
     from kbpg.ingest.maintenance import reembed as run_reembed
-    from kbpg.models.embedders import get_embedder
+    from kbpg.models.embedders import default_embedder, get_embedder
 
-    embedder = get_embedder(app.settings, embedder_name)
     with app.knowledge_base() as kb:
+        name = embedder_name or app.settings.embedder
+        if name is None:
+            name = default_embedder(kb.model_defaults().english)
+        embedder = get_embedder(app.settings, name)
+        click.echo(f"reembed: embedding every chunk with {embedder.model_name}", err=True)
         summary = run_reembed(kb.db, embedder, progress=_ProgressLine("reembed"))
     click.echo(
         f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
@@ -455,8 +461,10 @@ def recontextualize(app: AppContext, dry_run: bool, as_json: bool) -> None:
 @pass_app
 @handle_errors
 def embed(app: AppContext, text: str, embedder_name: str | None) -> None:
-    """Print TEXT's query vector as a pgvector literal, for psql: \\set q `kbpg embed '...'`"""
-    from kbpg.models.embedders import get_embedder, to_pgvector_literal
+    """Print TEXT's query vector as a pgvector literal, for psql: \\set q `kbpg embed '...'`
+    (with the knowledge base's model unless --embedder / KBPG_EMBEDDER names one)."""
+    from kbpg.models.embedders import to_pgvector_literal
 
-    embedder = get_embedder(app.settings, embedder_name)
+    with app.knowledge_base(embedder_name) as kb:
+        embedder = kb.embedder
     click.echo(to_pgvector_literal(embedder.embed_query(text)))

@@ -118,7 +118,8 @@ def eval_command(
     extra = ("rerank",) * rerank_arm + ("expand",) * expand_arm
     if extra:
         chosen = tuple(dict.fromkeys((*(chosen or ev.DEFAULT_ARMS), *extra)))
-    model = get_embedder(app.settings, embedder_name)
+    name = embedder_name or app.settings.embedder
+    model = get_embedder(app.settings, name) if name else None  # None: the language's default
     report = ev.evaluate(
         app.url,
         dataset,

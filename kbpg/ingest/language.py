@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 
 from kbpg.errors import ConfigError
-from kbpg.models.embedders import E5_MODEL_NAME, model_mismatch
+from kbpg.models.embedders import model_mismatch
 from kbpg.store import queries
 from kbpg.store.language import current_language, is_english
 
@@ -18,7 +18,7 @@ def ingest_warnings(
 ) -> list[str]:
     """What `kbpg ingest` says before it starts: KBPG_LANGUAGE other than the knowledge base's
     is an error (its text would be analysed in the recorded one); an English-only model on
-    another language, and e5's passage speed, are warnings."""
+    another language is a warning (kb.search leaves its vector arm out)."""
     language = current_language(conn)
     if wanted is not None:
         row = conn.execute(queries.RESOLVE_LANGUAGE, {"language": wanted}).fetchone()
@@ -32,10 +32,4 @@ def ingest_warnings(
     mismatch = model_mismatch(language, is_english(conn, language), model_name)
     if mismatch:
         notes.append(mismatch)
-    if model_name == E5_MODEL_NAME:
-        notes.append(
-            f"{E5_MODEL_NAME} embeds a few passages a second per core (~2/s for 380 tokens): "
-            "a large load takes hours; an OpenAI-compatible server (KBPG_EMBEDDER=openai) is "
-            "the fast path"
-        )
     return notes

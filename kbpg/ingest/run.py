@@ -38,7 +38,7 @@ from kbpg.ingest.writer import (
 )
 from kbpg.models.chat import ChatClient
 from kbpg.models.clients import ModelClients
-from kbpg.models.embedders import Embedder
+from kbpg.models.embedders import Embedder, model_languages
 from kbpg.store import db as kdb
 from kbpg.store import indexing, queries
 from kbpg.store.sessions import Connection, Database, Principal
@@ -154,7 +154,10 @@ def _register_space(
 ) -> None:
     """Record (or check) the embedding space; a different model is refused with a hint."""
     with db.transaction(conn, principal, write=True):
-        conn.execute(queries.SET_EMBEDDING_SPACE, (embedder.model_name, embedder.dimension))
+        conn.execute(
+            queries.SET_EMBEDDING_SPACE,
+            (embedder.model_name, embedder.dimension, model_languages(embedder.model_name)),
+        )
 
 
 # -- writing ----------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 from kbpg.config import ModelSettings, Settings
 from kbpg.errors import ConfigError, StageUnavailable
@@ -52,18 +53,24 @@ class ExpansionCache:
 
 
 class ModelClients:
-    """The models a knowledge base calls: the embedder (KBPG_EMBEDDER unless given), the
-    reranker and the chat model, each built on first use, and the query-expansion cache they
-    share across requests."""
+    """The models a knowledge base calls: the embedder (the one given, else --embedder /
+    KBPG_EMBEDDER, else `default_embedder()`: the knowledge base's own), the reranker and the
+    chat model, each built on first use, and the query-expansion cache they share across
+    requests."""
 
     def __init__(
-        self, settings: Settings, embedder: Embedder | None = None, embedder_name: str | None = None
+        self,
+        settings: Settings,
+        embedder: Embedder | None = None,
+        embedder_name: str | None = None,
+        default_embedder: Callable[[], str] | None = None,
     ) -> None:
         self.settings = settings.models
         self.expansions = ExpansionCache()
         self._embedder_settings = settings
         self._embedder = embedder
-        self._embedder_name = embedder_name
+        self._embedder_name = embedder_name or settings.embedder
+        self._default_embedder = default_embedder
         self._embedder_lock = threading.Lock()
         self._batcher: QueryBatcher | None = None
         self._lock = threading.Lock()
@@ -75,7 +82,7 @@ class ModelClients:
         """The query and document model, loaded on first use."""
         with self._embedder_lock:
             if self._embedder is None:
-                embedder = get_embedder(self._embedder_settings, self._embedder_name)
+                embedder = get_embedder(self._embedder_settings, self.embedder_name())
                 load = getattr(embedder, "load", None)
                 if callable(load):
                     load()
@@ -98,8 +105,15 @@ class ModelClients:
             if self._embedder is not None:
                 return self._embedder
         return get_embedder(
-            self._embedder_settings, self._embedder_name
+            self._embedder_settings, self.embedder_name()
         )  # the one `embedder` loads
+
+    def embedder_name(self) -> str | None:
+        """The embedder named (--embedder, KBPG_EMBEDDER), else the knowledge base's default
+        (its recorded model, else its language's); resolved once."""
+        if self._embedder_name is None and self._default_embedder is not None:
+            self._embedder_name = self._default_embedder()
+        return self._embedder_name
 
     def reranker(self) -> Reranker:
         """The reranker KBPG_RERANK names; ConfigError when it is `none`."""

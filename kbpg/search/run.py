@@ -14,7 +14,7 @@ from psycopg.rows import dict_row
 from kbpg import telemetry
 from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.models.clients import ModelClients
-from kbpg.models.embedders import Embedder, FloatArray, embed_queries
+from kbpg.models.embedders import Embedder, FloatArray, embed_queries, embedder_for_model
 from kbpg.search.request import SearchRequest, sql_types
 from kbpg.search.results import Chunk, SearchResult, Timings
 from kbpg.search.stages import SKIPPED, StageReport, cap_and_cut, paraphrases, rerank_order
@@ -194,7 +194,8 @@ def checked_embedding(
         raise EmbeddingSpaceMismatch(
             f"this knowledge base holds {model} vectors ({dimension}-d), but queries are "
             f"embedded with {embedder.model_name} ({embedder.dimension}-d)",
-            hint=f"set KBPG_EMBEDDER to the model the knowledge base was built with "
-            f"({model}), or run `kbpg reembed` to rebuild it",
+            hint=f"leave --embedder and KBPG_EMBEDDER unset (kbpg then uses the recorded model), "
+            f"or name it: --embedder {embedder_for_model(model)}; `kbpg reembed --embedder "
+            f"{embedder_for_model(embedder.model_name)}` rebuilds the knowledge base with the other",
         )
     return embedding

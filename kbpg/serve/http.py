@@ -368,7 +368,7 @@ def create_app(
                 _log.warning("readiness: %s is %s: %s", state.database, state.status, state.detail)
         headers = {"Retry-After": str(BUSY_RETRY_AFTER_S)} if ready.primary.status == BUSY else None
         return JSONResponse(
-            _readiness_body(ready, kb.embedder.model_name),
+            _readiness_body(ready, kb.model_name()),
             status_code=200 if ready.ok else 503,
             headers=None if ready.ok else headers,
         )
@@ -453,7 +453,7 @@ class RequestMetrics:
             )
 
 
-def _readiness_body(ready: Readiness, model: str) -> dict[str, Any]:
+def _readiness_body(ready: Readiness, model: str | None) -> dict[str, Any]:
     """What /readyz shows anyone: statuses, revisions and lag, replicas by their place in
     KBPG_READ_URL (their URLs and PostgreSQL's text stay in the server's log)."""
 

@@ -27,7 +27,6 @@ from kbpg.search.request import OPTIONS, SearchRequest
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
     from kbpg.config import Settings
-    from kbpg.models.embedders import Embedder
 
 log = logging.getLogger("kbpg.mcp")
 
@@ -56,9 +55,9 @@ class KnowledgeBaseTools:
     gives tool errors, never a dead server.
     """
 
-    def __init__(self, settings: Settings, embedder: Embedder) -> None:
+    def __init__(self, settings: Settings, embedder_name: str | None = None) -> None:
         self.settings = settings
-        self.embedder = embedder
+        self.embedder_name = embedder_name
         self._kb: KnowledgeBase | None = None
         self._lock = threading.Lock()
 
@@ -67,7 +66,7 @@ class KnowledgeBaseTools:
 
         with self._lock:
             if self._kb is None:
-                self._kb = KnowledgeBase(settings=self.settings, embedder=self.embedder)
+                self._kb = KnowledgeBase(settings=self.settings, embedder_name=self.embedder_name)
             return self._kb
 
     def close(self) -> None:
@@ -380,13 +379,11 @@ async def _run_stdio(server: MCPServer[Any]) -> None:
 
 def serve(settings: Settings, embedder_name: str | None = None) -> None:
     """Load the model, then answer MCP requests on stdin/stdout until the client closes."""
-    from kbpg.models.embedders import get_embedder
-
-    embedder = get_embedder(settings, embedder_name)
-    load = getattr(embedder, "load", None)
-    if callable(load):
-        load()
-    tools = KnowledgeBaseTools(settings, embedder)
+    tools = KnowledgeBaseTools(settings, embedder_name)
+    try:  # the knowledge base's model (or the one named), loaded before the first request
+        tools.knowledge_base().embedder  # noqa: B018
+    except KbpgError as exc:  # the database is down: the model loads on the first call
+        log.warning("the model loads on the first call: %s", exc.message)
     try:
         anyio.run(_run_stdio, create_server(tools))
     finally:

@@ -104,7 +104,27 @@ def change_language(
 
 def is_english(conn: psycopg.Connection[Any], language: str) -> bool:
     """Whether the language analyses English words (english, or a configuration built on it)."""
-    if language == "cjk":
-        return False
     row = conn.execute(queries.LANGUAGE_IS_ENGLISH, {"language": language}).fetchone()
     return bool(row and row[0])
+
+
+@dataclass(frozen=True)
+class ModelDefaults:
+    """kb.model_defaults(): the recorded model (None before the first vector), the language,
+    whether a model reads it as English, and kb.search's default vector weight."""
+
+    model: str | None
+    language: str
+    english: bool
+    vector_weight: float
+
+
+def model_defaults(conn: psycopg.Connection[Any]) -> ModelDefaults:
+    row = conn.execute(queries.MODEL_DEFAULTS).fetchone()
+    assert row is not None  # one row always
+    return ModelDefaults(
+        model=None if row[0] is None else str(row[0]),
+        language=str(row[1]),
+        english=bool(row[2]),
+        vector_weight=float(row[3]),
+    )

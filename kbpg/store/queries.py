@@ -97,7 +97,7 @@ WRITE_XACT_LOCK: Final = "select pg_catalog.pg_advisory_xact_lock(%s)"
 WRITE_XACT_TRY_LOCK: Final = "select pg_catalog.pg_try_advisory_xact_lock(%s)"
 LOCK_TIMEOUT: Final = "select pg_catalog.current_setting('lock_timeout')"
 SET_EMBEDDING_SPACE: Final = (
-    "select kb.set_embedding_space(model_name => %s, vector_dimension => %s)"
+    "select kb.set_embedding_space(model_name => %s, vector_dimension => %s, model_languages => %s)"
 )
 EXISTING_DOCUMENTS: Final = (
     "select source, id, content_hash from kb.documents where source = any(%s)"
@@ -310,7 +310,13 @@ select i.relname, 'i', s.size, s.size
  order by 2 desc, 1
 """
 RESET_EMBEDDING_SPACE: Final = (
-    "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s)"
+    "select kb.reset_embedding_space(model_name => %s, vector_dimension => %s,"
+    " model_languages => %s)"
+)
+# what a command embeds with when not told (the recorded model, else the language's default),
+# and the vector arm's weight kb.search uses when given none (0: the model does not know it)
+MODEL_DEFAULTS: Final = (
+    "select model, language, language_is_english, vector_weight from kb.model_defaults()"
 )
 # the embedding column's own type, wherever the vector extension lives
 REEMBED_TABLE: Final = (
@@ -523,18 +529,6 @@ LANGUAGE_REANALYSE: Final = "select kb._language_reanalyse(batch_size => %(batch
 LANGUAGE_CHANGE_FINISH: Final = (
     "select chunks, lexemes, blocks_rebuilt from kb._language_change_finish()"
 )
-# whether a configuration's words are English to the model: when both
-# kinds of word (ASCII and other letters) go to an english* or simple dictionary
-LANGUAGE_IS_ENGLISH: Final = """
-select not exists (
-         select 1
-           from pg_catalog.ts_token_type('default') t
-          where t.alias in ('asciiword', 'word')
-            and not exists (select 1
-                              from pg_catalog.pg_ts_config_map m
-                              join pg_catalog.pg_ts_dict d on d.oid = m.mapdict
-                             where m.mapcfg = %(language)s::pg_catalog.regconfig
-                               and m.maptokentype = t.tokid
-                               and (d.dictname like 'english%%' or d.dictname = 'simple')))
-"""
+# whether a configuration's words are English to the model (sql/015)
+LANGUAGE_IS_ENGLISH: Final = "select kb._language_is_english(%(language)s)"
 RESOLVE_LANGUAGE: Final = "select kb._resolve_language(%(language)s)"

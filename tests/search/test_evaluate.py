@@ -325,7 +325,13 @@ def test_eval_in_another_language_says_the_model_does_not_know_it(
     tiny_dataset: Path, cli_env: dict[str, str], db_url: str
 ) -> None:
     args = ["eval", str(tiny_dataset), "--language", "german", "--arms", "lexical"]
+    # what a German user gets by default: the multilingual model, nothing to warn about
     result = CliRunner().invoke(main, args, env=cli_env)
+    assert result.exit_code == 0, result.stderr + result.stdout
+    assert result.stdout.startswith("tiny: 4 queries, language german, model multilingual-e5")
+    assert "warning" not in result.stdout + result.stderr
+    # MiniLM named: English only, said so
+    result = CliRunner().invoke(main, [*args, "--embedder", "minilm"], env=cli_env)
     assert result.exit_code == 0, result.stderr + result.stdout
     assert result.stdout.startswith("tiny: 4 queries, language german, model all-MiniLM-L6-v2")
     assert "warning: the knowledge base's language is german, but all-MiniLM-L6-v2" in (

@@ -194,11 +194,12 @@ def test_schema_not_migrated(new_database: Callable[..., str], tmp_path: Path) -
 
 def test_model_mismatch(db_url: str, tmp_path: Path) -> None:
     set_foreign_space(db_url, "text-embedding-3-small", 1536)
-    proc = run_kbpg("search", "renew parking permit", env=env_for(db_url, tmp_path / "home"))
+    env = env_for(db_url, tmp_path / "home", KBPG_EMBEDDER="minilm")
+    proc = run_kbpg("search", "renew parking permit", env=env)
     assert proc.returncode == 1 and proc.stdout == ""
     error, hint = _one_error(proc.stderr)
     assert "text-embedding-3-small" in error and "all-MiniLM-L6-v2" in error
-    assert "kbpg reembed" in hint
+    assert "--embedder openai" in hint and "kbpg reembed --embedder minilm" in hint
 
 
 def test_help_lists_every_option() -> None:

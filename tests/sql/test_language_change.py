@@ -204,9 +204,16 @@ def test_cli_language_and_stats(db_url: str, tmp_path: Path) -> None:
     assert up.stdout.splitlines()[-1].startswith(
         "language: russian (was english; 0 chunks re-analysed, 0 lexemes, 1 cache blocks rebuilt"
     )
-    # MiniLM is the default model: English only
-    assert "warning: the knowledge base's language is russian, but all-MiniLM-L6-v2" in up.stderr
-    assert "KBPG_EMBEDDER=e5-multilingual" in up.stderr
+    # a Russian knowledge base gets the multilingual model: nothing to warn about
+    assert "warning" not in up.stderr
+    # MiniLM named: English only, its vector arm is left out
+    minilm = run_kbpg(
+        "db", "upgrade", "--language", "russian", env={**env, "KBPG_EMBEDDER": "minilm"}
+    )
+    assert "warning: the knowledge base's language is russian, but all-MiniLM-L6-v2" in (
+        minilm.stderr
+    )
+    assert "reembed --embedder e5-multilingual" in minilm.stderr
     again = run_kbpg(
         "db", "upgrade", env=clean_env(KBPG_DATABASE_URL=db_url, KBPG_LANGUAGE="Russian")
     )
@@ -218,7 +225,8 @@ def test_cli_language_and_stats(db_url: str, tmp_path: Path) -> None:
     doc.write_text("# Библиотека\n\nВ библиотеке много книг. Он пришёл с книгой.\n")
     ingest = run_kbpg("ingest", str(doc), env=env)
     assert ingest.returncode == 0, ingest.stderr
-    assert "warning: the knowledge base's language is russian" in ingest.stderr
+    assert "warning: the knowledge base's language is russian" not in ingest.stderr
+    assert "multilingual-e5-small" in run_kbpg("stats", env=env).stdout
     found = run_kbpg("search", "книги", "--json", env=env)
     assert found.returncode == 0 and "книгой" in found.stdout
 
