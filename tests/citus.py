@@ -169,19 +169,13 @@ class Cluster:
             if not (node.pgdata / "PG_VERSION").exists():
                 self._init(node)
             if not self._running(node):
-                self._run(
-                    [
-                        "pg_ctl",
-                        "-D",
-                        str(node.pgdata),
-                        "-l",
-                        str(node.pgdata / "server.log"),
-                        "-w",
-                        "-t",
-                        "60",
-                        "start",
-                    ]
-                )
+                log = node.pgdata / "server.log"
+                try:
+                    self._run(["pg_ctl", "-D", str(node.pgdata), "-l", str(log), "-w", "-t", "60",
+                               "start"])  # fmt: skip
+                except RuntimeError as e:
+                    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                    raise RuntimeError(f"{e}\n{node.name}'s server.log ends:\n{tail}") from e
         return self.coordinator.url()
 
     def _running(self, node: Node) -> bool:
