@@ -363,9 +363,7 @@ def test_a_populated_knowledge_base_distributes(
         for url in (single, many):
             done = invoke_kbpg("access", "enable", env=clean_env(KBPG_DATABASE_URL=url))
             assert done.returncode == 0, done.stderr
-        reader = h.compare(
-            single, many, corpus, exact_vectors=True, role="kbpg_reader", queries=4
-        )
+        reader = h.compare(single, many, corpus, exact_vectors=True, role="kbpg_reader", queries=4)
         assert not reader.differences, "\n".join(map(str, reader.differences[:5]))
         assert reader.rows > 0 and reader.graph_rows > 0
     finally:
