@@ -148,6 +148,12 @@ begin
     drop trigger chunks_lexical_update on kb.chunks;
     drop trigger chunks_lexical_delete on kb.chunks;
     drop trigger chunks_truncate on kb.chunks;
+    -- the truncation trigger before: Citus gives the shards the triggers a table has when it
+    -- is distributed, but passes no later CREATE TRIGGER ... AFTER TRUNCATE on to them (and
+    -- copying the rows truncates nothing)
+    create trigger chunks_shard_truncate after truncate on kb.chunks
+        for each statement execute function kb._shard_chunks_truncated();
+
     -- documents first (the others are co-located with it), then what references chunks
     if shards is null then
         perform pg_catalog.create_distributed_table('kb.documents', 'id');
@@ -169,9 +175,9 @@ begin
                              'kb.lexical_dirty_blocks', 'kb.bm25_shard_stats'] loop
         perform pg_catalog.truncate_local_data_after_distributing_table(t::regclass);
     end loop;
-    -- the shards' statistics triggers, created once the shards hold their rows: created
-    -- before, they would fire on the workers as Citus copies a populated table's rows into
-    -- shards whose kb.bm25_shard_stats does not exist yet
+    -- the shards' statistics triggers for rows written, created once the shards hold their
+    -- rows: created before, they would fire on the workers as Citus copies a populated table's
+    -- rows into shards whose kb.bm25_shard_stats does not exist yet
     create trigger chunks_shard_insert after insert on kb.chunks
         referencing new table as new_rows
         for each statement execute function kb._shard_chunks_changed();
@@ -181,8 +187,6 @@ begin
     create trigger chunks_shard_update after update on kb.chunks
         referencing old table as old_rows new table as new_rows
         for each statement execute function kb._shard_chunks_changed();
-    create trigger chunks_shard_truncate after truncate on kb.chunks
-        for each statement execute function kb._shard_chunks_truncated();
 
     -- a document's graph rows go with its chunks (an edge with its source chunk; one into a
     -- deleted document is removed when kbpg refreshes the derived edges)
