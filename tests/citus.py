@@ -2,7 +2,7 @@
 
 KBPG_CITUS_PG is a PostgreSQL installation directory (with bin/pg_ctl, bin/initdb) that has the
 citus extension (and pgvector) installed: no package registry ships one, so it is built by hand
-(docs/scaling.md section 5). This module only starts servers: each node is a throwaway data
+(docs/citus.md: the build). This module only starts servers: each node is a throwaway data
 directory (fsync off) with `shared_preload_libraries = citus`, listening on loopback only; as
 root, the servers run as an unprivileged OS user (KBPG_CITUS_USER, default kbpg-postgres,
 created when missing), since PostgreSQL refuses to run as root.

@@ -1,11 +1,13 @@
 """kbpg distributed on Citus: the same corpus in one server and in a cluster, results identical.
 
 Runs when KBPG_CITUS_PG names a PostgreSQL installation with Citus built in (no package
-registry ships one; docs/scaling.md section 5); skipped with that reason otherwise. A
+registry ships one; docs/citus.md says how to build it); skipped with that reason otherwise. A
 coordinator and two workers start on 127.0.0.1 (tests/citus.py). Each corpus is ingested by
 kbpg into a database of the session's single server and into one of the cluster, distributed by
-`kbpg db distribute`; every search variant (tests/citus_harness.py) is compared id by id and
-score by score, and every kind of write is checked to leave the BM25 statistics exact.
+`kbpg db distribute` before the ingest or after it (a knowledge base that holds data); every
+search variant (tests/citus_harness.py) is compared id by id and score by score, and every kind
+of write is checked to leave the BM25 statistics exact. The synthetic and NPL corpora read the
+NPL collection (KBPG_NPL_DIR, or ../shared/ir/npl): without it those tests fail.
 """
 
 from __future__ import annotations
@@ -574,7 +576,7 @@ def samples_distributed(
 
 
 # Messages the coordinator sends to the workers for one call, per shard (citus.log_remote_commands:
-# one message each; a BEGIN message carries several statements: docs/scaling.md)
+# one message each; a BEGIN message carries several statements: docs/citus.md)
 PER_SHARD = {
     "hybrid": {"SELECT": 4, "BEGIN": 1, "SAVEPOINT": 1, "RELEASE": 1, "COMMIT": 1, "all": 8},
     "text only": {"SELECT": 3, "BEGIN": 1, "RELEASE": 1, "COMMIT": 1, "all": 6},
