@@ -1,7 +1,7 @@
 """kbpg on Citus against one server: latencies at 1, 2 and 8 shards, commands a search sends,
 vector recall@32, in one run on the same corpus (not a test; prints numbers).
 
-Needs KBPG_CITUS_PG: a PostgreSQL installation with Citus built in (docs/scaling.md section 5;
+Needs KBPG_CITUS_PG: a PostgreSQL installation with Citus built in (docs/citus.md: the build;
 no package registry ships one). A coordinator and two workers start on 127.0.0.1 from it
 (tests/citus.py), beside a throwaway embedded server for the single-server baseline. The
 synthetic corpus of tests/citus_harness.py (40k one-chunk records by default: NPL's word

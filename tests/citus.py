@@ -2,7 +2,7 @@
 
 KBPG_CITUS_PG is a PostgreSQL installation directory (with bin/pg_ctl, bin/initdb) that has the
 citus extension (and pgvector) installed: no package registry ships one, so it is built by hand
-(docs/scaling.md section 5). This module only starts servers: each node is a throwaway data
+(docs/citus.md: the build). This module only starts servers: each node is a throwaway data
 directory (fsync off) with `shared_preload_libraries = citus`, listening on loopback only; as
 root, the servers run as an unprivileged OS user (KBPG_CITUS_USER, default kbpg-postgres,
 created when missing), since PostgreSQL refuses to run as root.
@@ -169,19 +169,13 @@ class Cluster:
             if not (node.pgdata / "PG_VERSION").exists():
                 self._init(node)
             if not self._running(node):
-                self._run(
-                    [
-                        "pg_ctl",
-                        "-D",
-                        str(node.pgdata),
-                        "-l",
-                        str(node.pgdata / "server.log"),
-                        "-w",
-                        "-t",
-                        "60",
-                        "start",
-                    ]
-                )
+                log = node.pgdata / "server.log"
+                try:
+                    self._run(["pg_ctl", "-D", str(node.pgdata), "-l", str(log), "-w", "-t", "60",
+                               "start"])  # fmt: skip
+                except RuntimeError as e:
+                    tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+                    raise RuntimeError(f"{e}\n{node.name}'s server.log ends:\n{tail}") from e
         return self.coordinator.url()
 
     def _running(self, node: Node) -> bool:

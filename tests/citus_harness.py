@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import math
-import random
 import shutil
 import tempfile
 from collections import Counter
@@ -25,9 +24,9 @@ import psycopg
 from psycopg import sql
 
 from kbpg.store import db as kdb
+from tests.conftest import NPL_DIR as NPL
 
 REPO = Path(__file__).resolve().parent.parent
-NPL = REPO.parent / "shared" / "ir" / "npl"
 DIM = 384
 
 
@@ -41,21 +40,28 @@ def write_jsonl(path: Path, records: Sequence[dict[str, Any]]) -> Path:
     return path
 
 
-def _npl_words(rng: random.Random) -> tuple[list[str], np.ndarray[Any, Any], list[str]]:
+def npl_missing() -> str | None:
+    """Why the NPL collection cannot be read (None when it can): the synthetic corpus draws
+    its words and questions from it, the NPL corpus is it; never made-up words instead."""
+    if (NPL / "corpus.jsonl").exists() and (NPL / "queries.jsonl").exists():
+        return None
+    return f"NPL collection not found at {NPL} (set KBPG_NPL_DIR, or place it in ../shared/ir/npl)"
+
+
+def _require_npl() -> None:
+    missing = npl_missing()
+    if missing:
+        raise FileNotFoundError(missing)
+
+
+def _npl_words() -> tuple[list[str], np.ndarray[Any, Any], list[str]]:
+    _require_npl()
     counts: Counter[str] = Counter()
-    queries: list[str] = []
-    if (NPL / "corpus.jsonl").exists():
-        with (NPL / "corpus.jsonl").open() as f:
-            for line in f:
-                counts.update(json.loads(line)["text"].split())
-        with (NPL / "queries.jsonl").open() as f:
-            queries = [json.loads(line)["text"] for line in f]
-    else:  # a Zipf law over made-up words
-        syllables = ["ka", "lo", "mi", "ru", "te", "so", "van", "dre", "pul", "nix", "bor"]
-        for rank in range(20000):
-            word = "".join(rng.choice(syllables) for _ in range(rng.randint(2, 4))) + str(rank)
-            counts[word] = int(1e6 / (rank + 1))
-        queries = [" ".join(rng.choices(list(counts), k=6)) for _ in range(93)]
+    with (NPL / "corpus.jsonl").open() as f:
+        for line in f:
+            counts.update(json.loads(line)["text"].split())
+    with (NPL / "queries.jsonl").open() as f:
+        queries = [json.loads(line)["text"] for line in f]
     words = list(counts)
     freq = np.array([counts[w] for w in words], dtype=np.float64)
     return words, freq / freq.sum(), queries
@@ -82,9 +88,8 @@ def synthetic_corpus(
     shared by a few records (entity edges for the graph arm), 384-d vectors around 200
     centroids; group g{i % 50} (2%: the vector arm's exact path), category cat{i % 10} (10%),
     labels l{i % 7}. Queries: NPL's questions, vectors near the centroids."""
-    rng = random.Random(seed)
     nrng = np.random.default_rng(seed)
-    words, probs, npl_queries = _npl_words(rng)
+    words, probs, npl_queries = _npl_words()
     centroids = nrng.normal(size=(200, DIM)).astype(np.float32)
     records = []
     for i in range(n_chunks):
@@ -128,6 +133,7 @@ def npl_corpus(directory: Path, embedder: Any) -> Corpus:
     base's model; the few abstracts over its window split in halves), and its 93 questions
     embedded by the same model. The records are kept in the system's temp directory, named
     after the model and the corpus's size, and reused (embedding them takes minutes)."""
+    _require_npl()
     corpus_file = NPL / "corpus.jsonl"
     cached = Path(tempfile.gettempdir()) / (
         f"kbpg-citus-npl-{embedder.model_name}-{corpus_file.stat().st_size}.jsonl"
@@ -212,9 +218,10 @@ class Variant:
         return "%(e)s" in self.sql or "%(seeds)s" in self.sql
 
 
-def variants(corpus: Corpus) -> list[Variant]:
+def variants(corpus: Corpus, *, graph: bool = True) -> list[Variant]:
     """Every way of searching kbpg offers, as calls with %(q)s (text), %(e)s (embedding),
-    %(e2)s (a second embedding) and %(seeds)s (chunk ids)."""
+    %(e2)s (a second embedding) and %(seeds)s (chunk ids); without the graph arm's two
+    (`search graph`, `expand_graph`) unless `graph` (a corpus with edges)."""
     g = "array[" + ", ".join(f"'{x}'" for x in corpus.groups) + "]"
     labels = "array[" + ", ".join(f"'{x}'" for x in corpus.labels) + "]::text[]"
     category = f"'{corpus.category}'"
@@ -275,7 +282,12 @@ def variants(corpus: Corpus) -> list[Variant]:
     ]
     if corpus.labels:
         out.append(Variant("search labels", search + f", labels => {labels})"))
+    if not graph:
+        out = [v for v in out if v.name not in GRAPH_VARIANTS]
     return out
+
+
+GRAPH_VARIANTS = ("search graph", "expand_graph")
 
 
 def parameters(corpus: Corpus, i: int) -> dict[str, Any]:
@@ -333,8 +345,8 @@ class Difference:
 
     def __str__(self) -> str:
         return (
-            f"{self.variant} #{self.query}:\n  single      {self.single[:5]}\n"
-            f"  distributed {self.distributed[:5]}"
+            f"{self.variant} #{self.query} (overlap {overlap(self.single, self.distributed):.2f})"
+            f":\n  single      {self.single[:5]}\n  distributed {self.distributed[:5]}"
         )
 
 
@@ -352,12 +364,21 @@ def same_rows(a: Sequence[tuple[Any, ...]], b: Sequence[tuple[Any, ...]]) -> boo
     return True
 
 
+def overlap(a: Sequence[tuple[Any, ...]], b: Sequence[tuple[Any, ...]]) -> float:
+    """The share of the chunk ids (first column) two calls returned that both returned: 1.0
+    for the same ids in any order, 0.75 when a top 8 kept 6 of its chunks."""
+    ids_a, ids_b = {r[0] for r in a}, {r[0] for r in b}
+    return len(ids_a & ids_b) / max(len(ids_a), len(ids_b), 1)
+
+
 @dataclass
 class Comparison:
     checked: int = 0
     rows: int = 0
     differences: list[Difference] = field(default_factory=list)
     per_variant: Counter[str] = field(default_factory=Counter)
+    # rows the graph arm ranked (kb.search's graph_rank) or walked to (kb.expand_graph)
+    graph_rows: int = 0
 
 
 def compare(
@@ -367,9 +388,12 @@ def compare(
     *,
     exact_vectors: bool = False,
     role: str | None = None,
+    graph: bool = True,
+    queries: int | None = None,
 ) -> Comparison:
-    """Every variant on every query, on both databases (exact_vectors: without HNSW; role: the
-    sessions SET ROLE to it first, as kbpg's sessions do for a principal)."""
+    """Every variant on every query (or the first `queries`), on both databases
+    (exact_vectors: without HNSW; role: the sessions SET ROLE to it first, as kbpg's sessions
+    do for a principal; graph: with the graph arm's variants)."""
     result = Comparison()
     extra = EXACT_VECTORS if exact_vectors else ()
     with kdb.connect(single_url) as one, kdb.connect(distributed_url) as many:
@@ -377,14 +401,18 @@ def compare(
             for conn in (one, many):
                 conn.execute(sql.SQL("set role {}").format(sql.Identifier(role)))
                 conn.commit()
-        for variant in variants(corpus):
-            for i in range(len(corpus.queries)):
+        for variant in variants(corpus, graph=graph):
+            for i in range(len(corpus.queries) if queries is None else queries):
                 params = parameters(corpus, i)
                 a = run_variant(one, variant, params, extra)
                 b = run_variant(many, variant, params, extra)
                 result.checked += 1
                 result.rows += len(a)
                 result.per_variant[variant.name] += len(a)
+                if variant.name == "expand_graph":
+                    result.graph_rows += len(a)
+                elif variant.sql.startswith(f"select {COLUMNS} "):
+                    result.graph_rows += sum(1 for r in a if r[7] is not None)
                 if not same_rows(a, b):
                     result.differences.append(Difference(variant.name, i, a, b))
     return result

@@ -48,8 +48,9 @@ begin
         raise exception 'access control is enforced: its row-level security policies read other '
                         'tables, which Citus does not allow on distributed tables'
             using errcode = '0A000',
-                  hint = 'kb.access_disable(), distribute, then kb.access_enable() again: the '
-                         'distributed layout has policies Citus accepts';
+                  hint = 'run `kbpg access disable`, `kbpg db distribute`, then `kbpg access '
+                         'enable` (in SQL: kb.access_disable(), the distribution, '
+                         'kb.access_enable()): the distributed layout has policies Citus accepts';
     end if;
     -- triggers run on the shards (the statistics triggers of sql/015 write only there)
     set local citus.enable_unsafe_triggers = on;
@@ -147,15 +148,9 @@ begin
     drop trigger chunks_lexical_update on kb.chunks;
     drop trigger chunks_lexical_delete on kb.chunks;
     drop trigger chunks_truncate on kb.chunks;
-    create trigger chunks_shard_insert after insert on kb.chunks
-        referencing new table as new_rows
-        for each statement execute function kb._shard_chunks_changed();
-    create trigger chunks_shard_delete after delete on kb.chunks
-        referencing old table as old_rows
-        for each statement execute function kb._shard_chunks_changed();
-    create trigger chunks_shard_update after update on kb.chunks
-        referencing old table as old_rows new table as new_rows
-        for each statement execute function kb._shard_chunks_changed();
+    -- the truncation trigger before: Citus gives the shards the triggers a table has when it
+    -- is distributed, but passes no later CREATE TRIGGER ... AFTER TRUNCATE on to them (and
+    -- copying the rows truncates nothing)
     create trigger chunks_shard_truncate after truncate on kb.chunks
         for each statement execute function kb._shard_chunks_truncated();
 
@@ -172,6 +167,27 @@ begin
     end loop;
     perform pg_catalog.create_distributed_table('kb.bm25_shard_stats', 'anchor',
                                                 colocate_with => 'kb.documents');
+    -- Citus copied a populated table's rows into its shards and left them on disk in the
+    -- coordinator's own table (with its indexes, HNSW's too), where nothing reads them
+    foreach t in array array['kb.embedding_space', 'kb.lexical_state', 'kb.access_settings',
+                             'kb.access_grants', 'kb.documents', 'kb.chunks', 'kb.edges',
+                             'kb.chunk_links', 'kb.chunk_entities', 'kb.lexical_pending',
+                             'kb.lexical_dirty_blocks', 'kb.bm25_shard_stats'] loop
+        perform pg_catalog.truncate_local_data_after_distributing_table(t::regclass);
+    end loop;
+    -- the shards' statistics triggers for rows written, created once the shards hold their
+    -- rows: created before, they would fire on the workers as Citus copies a populated table's
+    -- rows into shards whose kb.bm25_shard_stats does not exist yet
+    create trigger chunks_shard_insert after insert on kb.chunks
+        referencing new table as new_rows
+        for each statement execute function kb._shard_chunks_changed();
+    create trigger chunks_shard_delete after delete on kb.chunks
+        referencing old table as old_rows
+        for each statement execute function kb._shard_chunks_changed();
+    create trigger chunks_shard_update after update on kb.chunks
+        referencing old table as old_rows new table as new_rows
+        for each statement execute function kb._shard_chunks_changed();
+
     -- a document's graph rows go with its chunks (an edge with its source chunk; one into a
     -- deleted document is removed when kbpg refreshes the derived edges)
     alter table kb.edges add foreign key (document_id, src_chunk_id)
