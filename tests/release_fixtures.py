@@ -185,10 +185,13 @@ def load_rows(conn: psycopg.Connection[Any], data: dict[str, list[dict[str, Any]
     (space,) = data["embedding_space"]
     # 0.1.0 indexed every space with the vector layout (revision 0007 keeps it on upgrade);
     # at head a space records its layout: the same one, so both catalogs compare equal
+    # (by the parameter's name: later revisions add parameters after it)
     layouts = conn.execute(
-        "select pg_catalog.to_regprocedure('kb.set_embedding_space(text,integer,text)')"
+        "select pg_catalog.count(*) from pg_catalog.pg_proc p"
+        " where p.proname = 'set_embedding_space' and p.pronamespace = 'kb'::regnamespace"
+        " and 'layout' = any (p.proargnames)"
     ).fetchone()
-    layout = ", layout => 'vector'" if layouts is not None and layouts[0] is not None else ""
+    layout = ", layout => 'vector'" if layouts is not None and layouts[0] > 0 else ""
     conn.execute(
         f"select kb.set_embedding_space(model_name => %s, vector_dimension => %s{layout})",
         (space["model"], space["dimension"]),
