@@ -964,14 +964,67 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
--- the same text as the trigger's to_jsonb(row) ->> column, for a column of the row `alias`
-return (select 'array[' || pg_catalog.string_agg(
-                   format('pg_catalog.to_jsonb(%I.%I) operator(pg_catalog.#>>) ''{}''', alias, k.c),
-                   ', ' order by k.n) || ']::text[]'
+-- the same text as the triggers queue (kb._source_text_sql): no cast of the application's runs
+return (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, alias),
+                                                 ', ' order by k.n) || ']::text[]'
           from kb.table_sources s, pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
          where s.id = _source_key_sql.source_id);
 comment on function kb._source_key_sql(integer, text) is
     'SQL for a row''s key as text[] (the text the triggers queue), for table alias `alias`.';
+
+create or replace function kb._source_base_type(relation regclass, column_name text)
+returns oid
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (with recursive d(oid, n) as (
+            select a.atttypid, 0 from pg_catalog.pg_attribute a
+             where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped
+            union all
+            select y.typbasetype, d.n + 1 from d join pg_catalog.pg_type y on y.oid = d.oid
+             where y.typtype = 'd' and d.n < 20)
+        select d.oid from d order by d.n desc limit 1);
+comment on function kb._source_base_type(regclass, text) is
+    'A column''s type, or its domain''s base type (through domains over domains).';
+
+create or replace function kb._source_column_sql(relation regclass, column_name text, alias text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a domain to its base type is a relabelling (find_coercion_pathway: "Domains are always
+-- coercible to and from their base type"), no cast looked up, no constraint checked
+return (select case when t.typtype = 'd'
+                    then format('(%I.%I)::%s', alias, column_name, pg_catalog.format_type(kb._source_base_type(relation, column_name), null))
+                    else format('%I.%I', alias, column_name) end
+          from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+         where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped);
+comment on function kb._source_column_sql(regclass, text, text) is
+    'SQL for a column of table alias `alias` as its domain''s base type (as itself when it is no '
+    'domain): compared with kb._source_value_sql.';
+
+create or replace function kb._source_value_sql(relation regclass, column_name text, text_expr text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- A value of the column's type from its text without the application's code: a cast to a
+-- built-in type (only the owner of one of its types may create a cast: the application owns
+-- neither); a domain's base type instead of the domain (a cast to a domain runs its CHECK
+-- constraints, which may call the application's functions); an enum's value picked from
+-- enum_range by its output text (a cast from text to the application's enum may be its own)
+return (select case when b.typtype = 'e'
+                    then format('(select v from pg_catalog.unnest(pg_catalog.enum_range(null::%1$s)) as v '
+                                'where pg_catalog.format(''%%s'', v) operator(pg_catalog.=) %2$s)',
+                                pg_catalog.format_type(b.oid, null), text_expr)
+                    else format('(%s)::%s', text_expr, pg_catalog.format_type(b.oid, null)) end
+          from pg_catalog.pg_type b where b.oid = kb._source_base_type(relation, column_name));
+comment on function kb._source_value_sql(regclass, text, text) is
+    'SQL for a value of a column''s type (its domain''s base type) from the text expression '
+    'text_expr, running no cast or constraint of the application''s.';
 
 create or replace function kb._source_key_equals(source_id integer, alias text, key_expr text)
 returns text
@@ -979,14 +1032,27 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return (select pg_catalog.string_agg(format('%I.%I = (%s[%s])::%s', alias, k.c, key_expr, k.n, a.type_name),
+return (select pg_catalog.string_agg(format('%s operator(pg_catalog.=) %s', kb._source_column_sql(s.relation, k.c, alias),
+                                            kb._source_value_sql(s.relation, k.c, format('%s[%s]', key_expr, k.n))),
                                      ' and ' order by k.n)
           from kb.table_sources s
          cross join pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
-         cross join lateral kb._source_attribute(s.relation, k.c) as a
          where s.id = _source_key_equals.source_id);
 comment on function kb._source_key_equals(integer, text, text) is
     'SQL that is true for the row of `alias` whose key is the text[] expression key_expr.';
+
+create or replace function kb._source_scalar_sql(column_name text)
+returns text
+language sql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- format('%s') calls the type's output function and no cast (a cast to text of the
+-- application's type is the application's code: the worker must not run it)
+return format('case when t.%1$I is null then null else pg_catalog.format(''%%s'', t.%1$I) end', column_name);
+comment on function kb._source_scalar_sql(text) is
+    'SQL for a column of table alias t as text through its type''s output function (NULL stays '
+    'NULL), never a cast.';
 
 create or replace function kb._source_select(source_id integer)
 returns text
@@ -1001,18 +1067,24 @@ declare
 begin
     select * into s from kb.table_sources t where t.id = _source_select.source_id;
     return format(
-        'select %1$s as key, kb._source_document(%2$L, %1$s) as document, t.%3$I::text as body, '
+        'select %1$s as key, kb._source_document(%2$L, %1$s) as document, %3$s as body, '
         'coalesce(%4$s, '''') as title, %5$s as groups, %6$s as category, %7$s as labels, '
         '%8$s as metadata from %9$s as t',
-        key_sql, s.name, s.text_column,
-        case when s.title_column is null then 'null' else format('t.%I::text', s.title_column) end,
+        key_sql, s.name, kb._source_scalar_sql(s.text_column),
+        case when s.title_column is null then 'null' else kb._source_scalar_sql(s.title_column) end,
         kb._source_list_sql(s.relation, s.groups_column),
-        case when s.category_column is null then 'null::text' else format('t.%I::text', s.category_column) end,
+        case when s.category_column is null then 'null::text' else kb._source_scalar_sql(s.category_column) end,
         kb._source_list_sql(s.relation, s.labels_column),
         case when pg_catalog.cardinality(s.metadata_columns) = 0 then '''{}''::jsonb'
              else 'pg_catalog.jsonb_build_object('
-                  || (select pg_catalog.string_agg(format('%L, t.%I', m.c, m.c), ', ' order by m.n)
-                        from pg_catalog.unnest(s.metadata_columns) with ordinality as m(c, n))
+                  || (select pg_catalog.string_agg(
+                                 case when kb._source_builtin_type(a.atttypid) then format('%L, t.%I', m.c, m.c)
+                                      -- not built in: to_jsonb would run the application's cast to json
+                                      else format('%L, %s', m.c, kb._source_scalar_sql(m.c)) end,
+                                 ', ' order by m.n)
+                        from pg_catalog.unnest(s.metadata_columns) with ordinality as m(c, n)
+                        join pg_catalog.pg_attribute a on a.attrelid = s.relation and a.attname = m.c
+                                                      and a.attnum > 0 and not a.attisdropped)
                   || ')' end,
         s.relation);
 end
@@ -1030,8 +1102,11 @@ set search_path = pg_catalog, pg_temp
 return case
     when column_name is null then '''{}''::text[]'
     when (select a.category from kb._source_attribute(relation, column_name) a) = 'A'
-        then format('coalesce(t.%I::text[], ''{}'')', column_name)
-    else format('case when t.%1$I is null then ''{}''::text[] else array[t.%1$I::text] end', column_name)
+        then format('coalesce(array(select case when e.v is null then null else pg_catalog.format(''%%s'', e.v) end '
+                    'from pg_catalog.unnest(t.%I) with ordinality as e(v, n) order by e.n), ''{}'')',
+                    column_name)
+    else format('case when t.%1$I is null then ''{}''::text[] else array[pg_catalog.format(''%%s'', t.%1$I)] end',
+                column_name)
 end;
 comment on function kb._source_list_sql(regclass, text) is
     'SQL for a list column of a table source (groups, labels): an array as text[], one value as a '
@@ -1204,10 +1279,10 @@ begin
     -- keyset order on the key's unique index: (a, b) > (cursor a, cursor b)
     after := case when s.backfill_cursor is null then 'true' else (
         select format('(%s) > (%s)',
-                      pg_catalog.string_agg(format('t.%I', k.c), ', ' order by k.n),
-                      pg_catalog.string_agg(format('($2[%s])::%s', k.n, a.type_name), ', ' order by k.n))
-          from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
-         cross join lateral kb._source_attribute(s.relation, k.c) as a) end;
+                      pg_catalog.string_agg(kb._source_column_sql(s.relation, k.c, 't'), ', ' order by k.n),
+                      pg_catalog.string_agg(kb._source_value_sql(s.relation, k.c, format('$2[%s]', k.n)),
+                                            ', ' order by k.n))
+          from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)) end;
     execute format(
         'with page as (select %1$s as key, pg_catalog.row_number() over (order by %2$s) as n '
         '                from %3$s as t where %4$s order by %2$s limit $3), '
@@ -1220,7 +1295,7 @@ begin
         'select (select pg_catalog.count(*) from page)::integer, (select pg_catalog.count(*) from added)::integer, '
         '       (select p.key from page p order by p.n desc limit 1)',
         key_sql,
-        (select pg_catalog.string_agg(format('t.%I', c), ', ' order by n)
+        (select pg_catalog.string_agg(kb._source_column_sql(s.relation, k.c, 't'), ', ' order by k.n)
            from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)),
         s.relation, after)
         into page_rows, added, last_key
