@@ -343,6 +343,111 @@ comment on function kb._source_check_definition(regclass, text, text, text, text
 
 -- -- the triggers -----------------------------------------------------------------------------
 
+create or replace function kb._source_builtin_type(type_oid oid)
+returns boolean
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a domain's base type and an array's element, down to a type that is neither
+return (with recursive t(oid, n) as (
+            select type_oid, 0
+            union all
+            select case when y.typtype = 'd' then y.typbasetype else y.typelem end, t.n + 1
+              from t join pg_catalog.pg_type y on y.oid = t.oid
+             where (y.typtype = 'd' or (y.typcategory = 'A' and y.typelem <> 0)) and t.n < 20)
+        select t.oid < 16384 from t order by t.n desc limit 1);
+comment on function kb._source_builtin_type(oid) is
+    'Whether a type is built in (OID below 16384, FirstNormalObjectId) once its domains and array '
+    'elements are looked through: to_jsonb of such a value runs only PostgreSQL''s own code.';
+
+create or replace function kb._source_text_sql(relation regclass, column_name text, alias text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- No application code, ever (issue 38): to_jsonb looks up a cast to json for a type that is not
+-- built in (json_categorize_type: `typoid >= FirstNormalObjectId` after getBaseType) and runs
+-- the function the application wrote, so it is used only for built-in types (whose text it
+-- keeps as queued before: a timestamp's ISO form, whatever DateStyle). Any other type's text
+-- comes from format('%s', v), which calls the type's OUTPUT function and looks up no cast
+-- (varlena.c text_format_string_conversion: getTypeOutputInfo + OutputFunctionCall). An output
+-- function is a base type's typoutput (enum_out, record_out, array_out, range_out call their
+-- parts' output functions in turn) and a base type can only be created by a superuser with C
+-- functions (CREATE TYPE: "you must be a superuser to create a new base type"): nothing an
+-- application role wrote.
+return (select case when kb._source_builtin_type(a.atttypid)
+                    then format('(pg_catalog.to_jsonb(%I.%I) operator(pg_catalog.#>>) ''{}''::text[])',
+                                alias, column_name)
+                    else format('pg_catalog.format(''%%s'', %I.%I)', alias, column_name) end
+          from pg_catalog.pg_attribute a
+         where a.attrelid = relation and a.attname = column_name and a.attnum > 0
+           and not a.attisdropped);
+comment on function kb._source_text_sql(regclass, text, text) is
+    'SQL for a column''s value as text that runs none of the application''s code: to_jsonb ->> '
+    'for a built-in type, format(''%s'') (the type''s output function) for any other.';
+
+create or replace function kb._source_change_sql(source_id integer, new_rows text, old_rows text)
+returns text
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+    read_columns text[];
+    new_key text;
+    old_key text;
+begin
+    select * into s from kb.table_sources t where t.id = _source_change_sql.source_id;
+    read_columns := array(select distinct c
+                            from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
+                                                         s.category_column, s.labels_column]
+                                                   || s.metadata_columns) as c
+                           where c is not null and c <> all (s.key_columns)
+                           order by c);
+    new_key := (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'n'), ', ' order by k.n)
+                       || ']::text[]'
+                  from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
+    old_key := (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'o'), ', ' order by k.n)
+                       || ']::text[]'
+                  from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
+    if new_rows is not null and old_rows is null then
+        return format('insert into kb.source_queue (source_id, key, op) select $1, %s, $4 from %s as n '
+                      'on conflict do nothing', new_key, new_rows);
+    elsif old_rows is not null and new_rows is null then
+        return format('insert into kb.source_queue (source_id, key, op) select $1, %s, ''D'' from %s as o '
+                      'on conflict do nothing', old_key, old_rows);
+    end if;
+    -- an update: rows paired by the text of their keys; a key only the old rows have is deleted,
+    -- one only the new rows have is new, one both have is queued when a column the source reads
+    -- has another text (from the output function of its type: no equality operator of the
+    -- application is called)
+    return format(
+        'insert into kb.source_queue (source_id, key, op) '
+        'select $1, coalesce(n.key, o.key), case when n.key is null then ''D'' else ''U'' end '
+        '  from (select %s as key, array[%s]::text[] as v from %s as o) as o '
+        '  full join (select %s as key, array[%s]::text[] as v from %s as n) as n '
+        '    on n.key operator(pg_catalog.=) o.key '
+        ' where n.key is null or o.key is null or n.v is distinct from o.v '
+        'on conflict do nothing',
+        old_key,
+        coalesce((select pg_catalog.string_agg(format('case when o.%1$I is null then null else pg_catalog.format(''%%s'', o.%1$I) end', c), ', ')
+                    from pg_catalog.unnest(read_columns) as c), ''),
+        old_rows, new_key,
+        coalesce((select pg_catalog.string_agg(format('case when n.%1$I is null then null else pg_catalog.format(''%%s'', n.%1$I) end', c), ', ')
+                    from pg_catalog.unnest(read_columns) as c), ''),
+        new_rows);
+end
+$$;
+comment on function kb._source_change_sql(integer, text, text) is
+    'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
+    'the row sets (transition tables) it reads ($1 the source''s id, $4 the op of a new row); '
+    'keys and compared values taken as text by kb._source_text_sql and format(''%s'') only.';
+
 create or replace function kb._source_enqueue()
 returns trigger
 language plpgsql
@@ -353,74 +458,58 @@ set search_path = pg_catalog, pg_temp
 -- to print (debug_print_plan)
 set client_min_messages = notice
 as $$
+-- Runs as kbpg's owner: it evaluates no value of the application's rows with anything but
+-- built-in code (kb._source_text_sql: to_jsonb of built-in types, output functions otherwise;
+-- text comparisons), and queues only for the source's own table.
 declare
-    source_id integer;
-    source_name text;
-    source_relation regclass;
-    key_columns text[];
-    wants_notify boolean;
-    row_json jsonb;
-    old_key text[];
-    new_key text[];
-    k text;
-    queued boolean := false;
+    s kb.table_sources;
+    statement text;
+    n bigint;
 begin
-    select s.id, s.name, s.relation, s.key_columns, s.notify
-      into source_id, source_name, source_relation, key_columns, wants_notify
-      from kb.table_sources s where s.id = tg_argv[0]::integer;
-    -- a removed source (its triggers left by a role that may not drop them), or a trigger kbpg
-    -- did not create: nothing to do, and nothing to fail
-    if source_id is null or (source_relation <> tg_relid
-                             and pg_catalog.pg_partition_root(tg_relid) is distinct from source_relation) then
+    select * into s from kb.table_sources t where t.id = tg_argv[0]::integer;
+    -- a removed source (its triggers left by a role that may not drop them): nothing to do
+    if not found then
         return null;
     end if;
-    -- an update that kept the key (second argument 'update') needs the new row only
-    if tg_op = 'DELETE' or (tg_op = 'UPDATE' and tg_nargs < 2) then
-        row_json := pg_catalog.to_jsonb(old);
-        if pg_catalog.cardinality(key_columns) = 1 then
-            old_key := array[row_json operator(pg_catalog.->>) key_columns[1]];
+    if s.relation <> tg_relid and pg_catalog.pg_partition_root(tg_relid) is distinct from s.relation then
+        raise exception 'trigger % on % does not belong to table source "%" (table %)',
+                tg_name, tg_relid::regclass, s.name, s.relation::oid
+            using errcode = '42501',
+                  hint = 'kbpg''s triggers are created by kb.add_table_source and queue only their own table''s rows';
+    end if;
+    if tg_level = 'STATEMENT' then
+        statement := kb._source_change_sql(s.id, case when tg_op <> 'DELETE' then 'kbpg_new' end,
+                                           case when tg_op <> 'INSERT' then 'kbpg_old' end);
+        execute statement using s.id, null::text, null::text, case tg_op when 'INSERT' then 'I' else 'U' end;
+    else
+        -- a row trigger (a partitioned table's, or one made before revision 0022 that the owner
+        -- could not replace): the same statement over the one row, passed as a value
+        statement := kb._source_change_sql(s.id, case when tg_op <> 'DELETE' then '(select ($2).*)' end,
+                                           case when tg_op <> 'INSERT' then '(select ($3).*)' end);
+        if tg_op = 'INSERT' then
+            execute statement using s.id, new, new, 'I';
+        elsif tg_op = 'DELETE' then
+            execute statement using s.id, old, old, 'I';
         else
-            old_key := '{}';
-            foreach k in array key_columns loop
-                old_key := old_key operator(pg_catalog.||) (row_json operator(pg_catalog.->>) k);
-            end loop;
+            execute statement using s.id, new, old, 'U';
         end if;
     end if;
-    if tg_op <> 'DELETE' then
-        row_json := pg_catalog.to_jsonb(new);
-        if pg_catalog.cardinality(key_columns) = 1 then
-            new_key := array[row_json operator(pg_catalog.->>) key_columns[1]];
-        else
-            new_key := '{}';
-            foreach k in array key_columns loop
-                new_key := new_key operator(pg_catalog.||) (row_json operator(pg_catalog.->>) k);
-            end loop;
-        end if;
-    end if;
-    -- a deleted row, or the old key of a row whose key changed: its document goes
-    if old_key is not null and old_key is distinct from new_key then
-        insert into kb.source_queue (source_id, key, op) values (source_id, old_key, 'D')
-        on conflict do nothing;
-        queued := found;
-    end if;
-    if new_key is not null then
-        insert into kb.source_queue (source_id, key, op)
-        values (source_id, new_key, case tg_op when 'INSERT' then 'I' else 'U' end)
-        on conflict do nothing;
-        queued := queued or found;
-    end if;
+    get diagnostics n = row_count;
     -- a NOTIFY fails a commit when the notification queue is full: skip it well before (the
-    -- worker polls as well)
-    if queued and wants_notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
-        perform pg_catalog.pg_notify('kbpg_sync', source_name);
+    -- worker polls as well). No payload: anyone may LISTEN, and the source's name is not theirs
+    -- to learn (that some source changed, at that moment, is all a listener is told)
+    if n > 0 and s.notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
+        perform pg_catalog.pg_notify('kbpg_sync', '');
     end if;
     return null;
 end
 $$;
 comment on function kb._source_enqueue() is
-    'Row trigger of a table source (argument: its id): adds the row''s key to kb.source_queue '
-    '(the old key too when a row is deleted or its key changes) and notifies kbpg_sync. Security '
-    'definer so that the application''s roles need no grant on schema kb; it writes nothing else.';
+    'Statement trigger of a table source (argument: its id; transition tables kbpg_new / '
+    'kbpg_old): adds the changed rows'' keys to kb.source_queue in one INSERT and notifies '
+    'kbpg_sync. Security definer so that the application''s roles need no grant on schema kb; it '
+    'evaluates the rows with built-in code only, raises 42501 when fired on a table that is not '
+    'its source''s, and writes nothing else.';
 
 create or replace function kb._source_enqueue_truncate()
 returns trigger
@@ -431,50 +520,42 @@ set search_path = pg_catalog, pg_temp
 set client_min_messages = notice
 as $$
 declare
-    source_id integer;
-    source_name text;
-    wants_notify boolean;
+    s kb.table_sources;
 begin
-    select s.id, s.name, s.notify into source_id, source_name, wants_notify
-      from kb.table_sources s
-     where s.id = tg_argv[0]::integer
-       and (s.relation = tg_relid or s.relation = pg_catalog.pg_partition_root(tg_relid));
-    if source_id is null then
+    select * into s from kb.table_sources t where t.id = tg_argv[0]::integer;
+    if not found then
         return null;
     end if;
-    insert into kb.source_queue (source_id, key, op) values (source_id, '{}', 'T')
+    if s.relation <> tg_relid and pg_catalog.pg_partition_root(tg_relid) is distinct from s.relation then
+        raise exception 'trigger % on % does not belong to table source "%" (table %)',
+                tg_name, tg_relid::regclass, s.name, s.relation::oid
+            using errcode = '42501',
+                  hint = 'kbpg''s triggers are created by kb.add_table_source and queue only their own table''s rows';
+    end if;
+    insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'T')
     on conflict do nothing;
-    if found and wants_notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
-        perform pg_catalog.pg_notify('kbpg_sync', source_name);
+    if found and s.notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
+        perform pg_catalog.pg_notify('kbpg_sync', '');
     end if;
     return null;
 end
 $$;
 comment on function kb._source_enqueue_truncate() is
     'Statement trigger of a table source on TRUNCATE: queues the source''s empty key, whose worker '
-    'deletes the documents of rows that are gone.';
+    'deletes the documents of rows that are gone (42501 on a table that is not its source''s).';
 
-create or replace function kb._source_comparison(relation regclass, column_name text)
-returns text
+create or replace function kb._source_trigger_names(source_name text)
+returns text[]
 language sql
-stable
+immutable
 security invoker
 set search_path = pg_catalog, pg_temp
--- old and new compared directly when the type has an equality (a default btree or hash
--- operator class, for the array's element if an array), as text otherwise (json, xml, point)
-return (select case when exists (
-                   select 1 from pg_catalog.pg_opclass c
-                     join pg_catalog.pg_am m on m.oid = c.opcmethod
-                    where m.amname in ('btree', 'hash') and c.opcdefault
-                      and (c.opcintype = coalesce(a.element_type, a.base_type)
-                           or (c.opcintype = 'pg_catalog.anyenum'::regtype
-                               and coalesce(a.element_category, a.category) = 'E')))
-                    then format('old.%1$I is distinct from new.%1$I', column_name)
-                    else format('old.%1$I::text is distinct from new.%1$I::text', column_name) end
-          from kb._source_attribute(relation, column_name) a);
-comment on function kb._source_comparison(regclass, text) is
-    'SQL comparing a column''s old and new values in a trigger''s WHEN clause: directly when its '
-    'type has an equality, as text otherwise.';
+-- _change and _rekey: the row triggers made before revision 0022
+return array['kbpg_' || source_name || '_insert', 'kbpg_' || source_name || '_update',
+             'kbpg_' || source_name || '_delete', 'kbpg_' || source_name || '_truncate',
+             'kbpg_' || source_name || '_change', 'kbpg_' || source_name || '_rekey'];
+comment on function kb._source_trigger_names(text) is
+    'The names a table source''s triggers have (and had before revision 0022) on its table.';
 
 create or replace function kb._source_triggers(source_id integer)
 returns text[]
@@ -485,56 +566,46 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     s kb.table_sources;
-    read_columns text[];
     prefix text;
+    t text;
 begin
     select * into s from kb.table_sources t where t.id = _source_triggers.source_id;
     prefix := 'kbpg_' || s.name;
-    read_columns := array(select distinct c
-                            from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
-                                                         s.category_column, s.labels_column]
-                                                   || s.metadata_columns) as c
-                           where c is not null and c <> all (s.key_columns)
-                           order by c);
-    if pg_catalog.cardinality(read_columns) = 0 then  -- the text is the key: only rekey fires
-        read_columns := s.key_columns;
+    foreach t in array kb._source_trigger_names(s.name) loop
+        execute format('drop trigger if exists %I on %s', t, s.relation);
+    end loop;
+    if (select c.relkind from pg_catalog.pg_class c where c.oid = s.relation) = 'p' then
+        -- a partition written directly fires its own statement triggers, not the parent's: row
+        -- triggers, which every partition inherits (no transition tables on those)
+        execute format('create trigger %I after insert on %s for each row execute function kb._source_enqueue(%L)',
+                       prefix || '_insert', s.relation, s.id);
+        execute format('create trigger %I after update on %s for each row execute function kb._source_enqueue(%L)',
+                       prefix || '_update', s.relation, s.id);
+        execute format('create trigger %I after delete on %s for each row execute function kb._source_enqueue(%L)',
+                       prefix || '_delete', s.relation, s.id);
+    else
+        -- one trigger an event: PostgreSQL takes transition tables neither with several events
+        -- nor with UPDATE OF (an update that changed nothing the source reads queues nothing)
+        execute format('create trigger %I after insert on %s referencing new table as kbpg_new '
+                       'for each statement execute function kb._source_enqueue(%L)',
+                       prefix || '_insert', s.relation, s.id);
+        execute format('create trigger %I after update on %s referencing old table as kbpg_old '
+                       'new table as kbpg_new for each statement execute function kb._source_enqueue(%L)',
+                       prefix || '_update', s.relation, s.id);
+        execute format('create trigger %I after delete on %s referencing old table as kbpg_old '
+                       'for each statement execute function kb._source_enqueue(%L)',
+                       prefix || '_delete', s.relation, s.id);
     end if;
-    execute format('create or replace trigger %I after insert or delete on %s for each row '
-                   'execute function kb._source_enqueue(%L)',
-                   prefix || '_change', s.relation, s.id);
-    -- an update is fired only when a column the source reads is set, and queued only when one
-    -- changed; with the same key (the common case) only the new row is looked at
-    execute format('create or replace trigger %I after update of %s on %s for each row '
-                   'when ((%s) and (%s)) execute function kb._source_enqueue(%L, ''update'')',
-                   prefix || '_update',
-                   (select pg_catalog.string_agg(pg_catalog.quote_ident(c), ', ')
-                      from pg_catalog.unnest(read_columns) as c),
-                   s.relation,
-                   (select pg_catalog.string_agg(format('old.%1$I is not distinct from new.%1$I', k), ' and ')
-                      from pg_catalog.unnest(s.key_columns) as k),
-                   (select pg_catalog.string_agg(kb._source_comparison(s.relation, c), ' or ')
-                      from pg_catalog.unnest(read_columns) as c),
-                   s.id);
-    -- a key that changed: the old key's document goes, the new key's comes
-    execute format('create or replace trigger %I after update of %s on %s for each row '
-                   'when (%s) execute function kb._source_enqueue(%L)',
-                   prefix || '_rekey',
-                   (select pg_catalog.string_agg(pg_catalog.quote_ident(k), ', ')
-                      from pg_catalog.unnest(s.key_columns) as k),
-                   s.relation,
-                   (select pg_catalog.string_agg(format('old.%1$I is distinct from new.%1$I', k), ' or ')
-                      from pg_catalog.unnest(s.key_columns) as k),
-                   s.id);
-    execute format('create or replace trigger %I after truncate on %s for each statement '
+    execute format('create trigger %I after truncate on %s for each statement '
                    'execute function kb._source_enqueue_truncate(%L)',
                    prefix || '_truncate', s.relation, s.id);
-    return array[prefix || '_change', prefix || '_update', prefix || '_rekey', prefix || '_truncate'];
+    return array[prefix || '_insert', prefix || '_update', prefix || '_delete', prefix || '_truncate'];
 end
 $$;
 comment on function kb._source_triggers(integer) is
-    'Create (or replace) a table source''s four triggers on its table: insert or delete, update '
-    'of the columns it reads (key unchanged), update of the key, truncate. Needs TRIGGER on the '
-    'table.';
+    'Create (or re-create) a table source''s four triggers on its table: statement triggers with '
+    'transition tables on insert, update and delete (row triggers on a partitioned table), and '
+    'truncate; drops the row triggers made before revision 0022. Needs TRIGGER on the table.';
 
 -- -- defining sources -------------------------------------------------------------------------
 
@@ -751,8 +822,7 @@ begin
         perform kb._source_check_privileges(s.relation);  -- names the grant
     end if;
     if exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
-        foreach t in array array['kbpg_' || s.name || '_change', 'kbpg_' || s.name || '_update',
-                                 'kbpg_' || s.name || '_rekey', 'kbpg_' || s.name || '_truncate'] loop
+        foreach t in array kb._source_trigger_names(s.name) loop
             begin
                 execute format('drop trigger if exists %I on %s', t, s.relation);
             exception when insufficient_privilege then
@@ -898,14 +968,67 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
--- the same text as the trigger's to_jsonb(row) ->> column, for a column of the row `alias`
-return (select 'array[' || pg_catalog.string_agg(
-                   format('pg_catalog.to_jsonb(%I.%I) operator(pg_catalog.#>>) ''{}''', alias, k.c),
-                   ', ' order by k.n) || ']::text[]'
+-- the same text as the triggers queue (kb._source_text_sql): no cast of the application's runs
+return (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, alias),
+                                                 ', ' order by k.n) || ']::text[]'
           from kb.table_sources s, pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
          where s.id = _source_key_sql.source_id);
 comment on function kb._source_key_sql(integer, text) is
     'SQL for a row''s key as text[] (the text the triggers queue), for table alias `alias`.';
+
+create or replace function kb._source_base_type(relation regclass, column_name text)
+returns oid
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (with recursive d(oid, n) as (
+            select a.atttypid, 0 from pg_catalog.pg_attribute a
+             where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped
+            union all
+            select y.typbasetype, d.n + 1 from d join pg_catalog.pg_type y on y.oid = d.oid
+             where y.typtype = 'd' and d.n < 20)
+        select d.oid from d order by d.n desc limit 1);
+comment on function kb._source_base_type(regclass, text) is
+    'A column''s type, or its domain''s base type (through domains over domains).';
+
+create or replace function kb._source_column_sql(relation regclass, column_name text, alias text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a domain to its base type is a relabelling (find_coercion_pathway: "Domains are always
+-- coercible to and from their base type"), no cast looked up, no constraint checked
+return (select case when t.typtype = 'd'
+                    then format('(%I.%I)::%s', alias, column_name, pg_catalog.format_type(kb._source_base_type(relation, column_name), null))
+                    else format('%I.%I', alias, column_name) end
+          from pg_catalog.pg_attribute a join pg_catalog.pg_type t on t.oid = a.atttypid
+         where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped);
+comment on function kb._source_column_sql(regclass, text, text) is
+    'SQL for a column of table alias `alias` as its domain''s base type (as itself when it is no '
+    'domain): compared with kb._source_value_sql.';
+
+create or replace function kb._source_value_sql(relation regclass, column_name text, text_expr text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- A value of the column's type from its text without the application's code: a cast to a
+-- built-in type (only the owner of one of its types may create a cast: the application owns
+-- neither); a domain's base type instead of the domain (a cast to a domain runs its CHECK
+-- constraints, which may call the application's functions); an enum's value picked from
+-- enum_range by its output text (a cast from text to the application's enum may be its own)
+return (select case when b.typtype = 'e'
+                    then format('(select v from pg_catalog.unnest(pg_catalog.enum_range(null::%1$s)) as v '
+                                'where pg_catalog.format(''%%s'', v) operator(pg_catalog.=) %2$s)',
+                                pg_catalog.format_type(b.oid, null), text_expr)
+                    else format('(%s)::%s', text_expr, pg_catalog.format_type(b.oid, null)) end
+          from pg_catalog.pg_type b where b.oid = kb._source_base_type(relation, column_name));
+comment on function kb._source_value_sql(regclass, text, text) is
+    'SQL for a value of a column''s type (its domain''s base type) from the text expression '
+    'text_expr, running no cast or constraint of the application''s.';
 
 create or replace function kb._source_key_equals(source_id integer, alias text, key_expr text)
 returns text
@@ -913,14 +1036,27 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return (select pg_catalog.string_agg(format('%I.%I = (%s[%s])::%s', alias, k.c, key_expr, k.n, a.type_name),
+return (select pg_catalog.string_agg(format('%s operator(pg_catalog.=) %s', kb._source_column_sql(s.relation, k.c, alias),
+                                            kb._source_value_sql(s.relation, k.c, format('%s[%s]', key_expr, k.n))),
                                      ' and ' order by k.n)
           from kb.table_sources s
          cross join pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
-         cross join lateral kb._source_attribute(s.relation, k.c) as a
          where s.id = _source_key_equals.source_id);
 comment on function kb._source_key_equals(integer, text, text) is
     'SQL that is true for the row of `alias` whose key is the text[] expression key_expr.';
+
+create or replace function kb._source_scalar_sql(column_name text)
+returns text
+language sql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- format('%s') calls the type's output function and no cast (a cast to text of the
+-- application's type is the application's code: the worker must not run it)
+return format('case when t.%1$I is null then null else pg_catalog.format(''%%s'', t.%1$I) end', column_name);
+comment on function kb._source_scalar_sql(text) is
+    'SQL for a column of table alias t as text through its type''s output function (NULL stays '
+    'NULL), never a cast.';
 
 create or replace function kb._source_select(source_id integer)
 returns text
@@ -935,18 +1071,24 @@ declare
 begin
     select * into s from kb.table_sources t where t.id = _source_select.source_id;
     return format(
-        'select %1$s as key, kb._source_document(%2$L, %1$s) as document, t.%3$I::text as body, '
+        'select %1$s as key, kb._source_document(%2$L, %1$s) as document, %3$s as body, '
         'coalesce(%4$s, '''') as title, %5$s as groups, %6$s as category, %7$s as labels, '
         '%8$s as metadata from %9$s as t',
-        key_sql, s.name, s.text_column,
-        case when s.title_column is null then 'null' else format('t.%I::text', s.title_column) end,
+        key_sql, s.name, kb._source_scalar_sql(s.text_column),
+        case when s.title_column is null then 'null' else kb._source_scalar_sql(s.title_column) end,
         kb._source_list_sql(s.relation, s.groups_column),
-        case when s.category_column is null then 'null::text' else format('t.%I::text', s.category_column) end,
+        case when s.category_column is null then 'null::text' else kb._source_scalar_sql(s.category_column) end,
         kb._source_list_sql(s.relation, s.labels_column),
         case when pg_catalog.cardinality(s.metadata_columns) = 0 then '''{}''::jsonb'
              else 'pg_catalog.jsonb_build_object('
-                  || (select pg_catalog.string_agg(format('%L, t.%I', m.c, m.c), ', ' order by m.n)
-                        from pg_catalog.unnest(s.metadata_columns) with ordinality as m(c, n))
+                  || (select pg_catalog.string_agg(
+                                 case when kb._source_builtin_type(a.atttypid) then format('%L, t.%I', m.c, m.c)
+                                      -- not built in: to_jsonb would run the application's cast to json
+                                      else format('%L, %s', m.c, kb._source_scalar_sql(m.c)) end,
+                                 ', ' order by m.n)
+                        from pg_catalog.unnest(s.metadata_columns) with ordinality as m(c, n)
+                        join pg_catalog.pg_attribute a on a.attrelid = s.relation and a.attname = m.c
+                                                      and a.attnum > 0 and not a.attisdropped)
                   || ')' end,
         s.relation);
 end
@@ -964,8 +1106,11 @@ set search_path = pg_catalog, pg_temp
 return case
     when column_name is null then '''{}''::text[]'
     when (select a.category from kb._source_attribute(relation, column_name) a) = 'A'
-        then format('coalesce(t.%I::text[], ''{}'')', column_name)
-    else format('case when t.%1$I is null then ''{}''::text[] else array[t.%1$I::text] end', column_name)
+        then format('coalesce(array(select case when e.v is null then null else pg_catalog.format(''%%s'', e.v) end '
+                    'from pg_catalog.unnest(t.%I) with ordinality as e(v, n) order by e.n), ''{}'')',
+                    column_name)
+    else format('case when t.%1$I is null then ''{}''::text[] else array[pg_catalog.format(''%%s'', t.%1$I)] end',
+                column_name)
 end;
 comment on function kb._source_list_sql(regclass, text) is
     'SQL for a list column of a table source (groups, labels): an array as text[], one value as a '
@@ -1138,10 +1283,10 @@ begin
     -- keyset order on the key's unique index: (a, b) > (cursor a, cursor b)
     after := case when s.backfill_cursor is null then 'true' else (
         select format('(%s) > (%s)',
-                      pg_catalog.string_agg(format('t.%I', k.c), ', ' order by k.n),
-                      pg_catalog.string_agg(format('($2[%s])::%s', k.n, a.type_name), ', ' order by k.n))
-          from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)
-         cross join lateral kb._source_attribute(s.relation, k.c) as a) end;
+                      pg_catalog.string_agg(kb._source_column_sql(s.relation, k.c, 't'), ', ' order by k.n),
+                      pg_catalog.string_agg(kb._source_value_sql(s.relation, k.c, format('$2[%s]', k.n)),
+                                            ', ' order by k.n))
+          from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)) end;
     execute format(
         'with page as (select %1$s as key, pg_catalog.row_number() over (order by %2$s) as n '
         '                from %3$s as t where %4$s order by %2$s limit $3), '
@@ -1154,7 +1299,7 @@ begin
         'select (select pg_catalog.count(*) from page)::integer, (select pg_catalog.count(*) from added)::integer, '
         '       (select p.key from page p order by p.n desc limit 1)',
         key_sql,
-        (select pg_catalog.string_agg(format('t.%I', c), ', ' order by n)
+        (select pg_catalog.string_agg(kb._source_column_sql(s.relation, k.c, 't'), ', ' order by k.n)
            from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n)),
         s.relation, after)
         into page_rows, added, last_key

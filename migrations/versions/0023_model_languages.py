@@ -1,7 +1,7 @@
 """The embedding space records which languages its model knows.
 
 Revision ID: 0023
-Revises: 0021
+Revises: 0022
 Create Date: 2026-12-03
 
 `kb.embedding_space.languages`: the knowledge-base languages (kb.language names) its model
@@ -19,7 +19,7 @@ from __future__ import annotations
 from alembic import op
 
 revision = "0023"
-down_revision = "0021"
+down_revision = "0022"
 branch_labels = None
 depends_on = None
 

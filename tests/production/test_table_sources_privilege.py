@@ -137,6 +137,28 @@ def test_the_production_roles_add_a_source_and_sync_it(
     assert synced.returncode == 0, synced.stderr
     assert '"added": 4' in synced.stdout
 
+    # issue 38: an enum of the application's whose casts record who runs them; its insert runs
+    # the trigger (kbpg's owner's rights) and nothing of the application's
+    with psycopg.connect(with_user(url, roles.app, PASSWORD), autocommit=True) as conn:
+        conn.execute(
+            "create table public.cast_calls (who text);"
+            "create type public.mood as enum ('calm');"
+            "create function public.mood_json(m public.mood) returns json language plpgsql as $$"
+            " begin insert into public.cast_calls values (current_user); return '\"x\"'; end $$;"
+            "create cast (public.mood as json) with function public.mood_json(public.mood);"
+            "alter table public.articles add column mood public.mood"
+        )
+        conn.execute(
+            "insert into public.articles (id, title, body, mood) values (100, 'x', 'harmless', 'calm')"
+        )
+        conn.execute(
+            "update public.articles set body = 'still harmless', mood = 'calm' where id = 100"
+        )
+        assert conn.execute("select count(*) from public.cast_calls").fetchone() == (0,)
+        assert conn.execute(
+            "select rolsuper from pg_roles where rolname = current_user"
+        ).fetchone() == (False,)
+
     # the sources' definitions, queue, claims and parked rows are not the reader's to read
     with psycopg.connect(url, autocommit=True) as conn:
         for table in ("table_sources", "source_queue", "source_claims", "source_errors"):
@@ -178,7 +200,7 @@ def test_the_production_roles_add_a_source_and_sync_it(
     removed = invoke_kbpg("sources", "remove", "articles", env=bot)
     assert removed.returncode == 0, removed.stderr
     assert "stay until its owner drops them" in removed.stderr
-    assert "drop trigger kbpg_articles_change on public.articles;" in removed.stderr
+    assert "drop trigger kbpg_articles_insert on public.articles;" in removed.stderr
     with psycopg.connect(with_user(url, roles.app, PASSWORD), autocommit=True) as conn:
         insert_article(conn, 5, "After", "Written after the source was removed.")
     with psycopg.connect(url) as conn:

@@ -49,14 +49,14 @@ def test_add_records_the_source_and_creates_its_triggers(
         " where tgrelid = 'public.articles'::regclass order by tgname"
     ).fetchall()
     assert [t[0] for t in triggers] == [
-        "kbpg_articles_change", "kbpg_articles_rekey", "kbpg_articles_truncate", "kbpg_articles_update",
+        "kbpg_articles_delete", "kbpg_articles_insert", "kbpg_articles_truncate", "kbpg_articles_update",
     ]  # fmt: skip
-    update, rekey = triggers[3][1], triggers[1][1]
-    # fired only by the columns the source reads: view_count is not one of them
-    assert "AFTER UPDATE OF author, body, section, tags, title, updated_at, visible_to" in update
-    assert "WHEN (((NOT (old.id IS DISTINCT FROM new.id)) AND ((old.author IS DISTINCT" in update
-    assert "AFTER UPDATE OF id ON public.articles" in rekey
-    assert "view_count" not in update
+    # statement triggers, a statement's rows in its transition tables
+    assert (
+        "AFTER UPDATE ON public.articles REFERENCING OLD TABLE AS kbpg_old NEW TABLE AS kbpg_new"
+        in triggers[3][1]
+    )
+    assert "FOR EACH STATEMENT" in triggers[3][1]
 
 
 @pytest.mark.parametrize(
@@ -451,17 +451,35 @@ def test_the_applications_role_needs_no_grant_on_kb(
         assert queue(conn) == [(["40"], "I"), (["1"], "U")]
 
 
-def test_a_trigger_kbpg_did_not_create_queues_nothing(articles: psycopg.Connection[Any]) -> None:
-    """A trigger that names a source it was not created for (forged, or left behind) queues
-    nothing."""
+def test_a_trigger_on_another_table_raises_and_queues_nothing(
+    articles: psycopg.Connection[Any],
+) -> None:
+    """A trigger naming a source it was not created for (a writer's temp table pointed at a
+    source's id) queues nothing and fails the statement."""
     conn = articles
-    conn.execute("create table public.other (id integer primary key, body text)")
+    conn.execute("create temp table other (id integer primary key, body text)")
     source = count(conn, "select id from kb.table_sources where name = 'articles'")
     conn.execute(
-        f"create trigger forged after insert on public.other for each row"
+        "create trigger forged after insert on pg_temp.other referencing new table as kbpg_new"
+        f" for each statement execute function kb._source_enqueue('{source}')"
+    )
+    conn.execute(
+        "create trigger forged_row after update on pg_temp.other for each row"
         f" execute function kb._source_enqueue('{source}')"
     )
-    conn.execute("insert into public.other values (1, 'x')")
+    conn.execute("savepoint s")
+    with pytest.raises(
+        psycopg.errors.InsufficientPrivilege, match="does not belong to table source"
+    ):
+        conn.execute("insert into pg_temp.other values (1, 'x')")
+    conn.execute("rollback to savepoint s")
+    conn.execute("drop trigger forged on pg_temp.other")
+    conn.execute("insert into pg_temp.other values (1, 'x')")
+    with pytest.raises(
+        psycopg.errors.InsufficientPrivilege, match="does not belong to table source"
+    ):
+        conn.execute("update pg_temp.other set body = 'y'")
+    conn.execute("rollback to savepoint s")
     assert queue(conn) == []
 
 
@@ -484,7 +502,8 @@ def test_a_commit_notifies_the_worker_unless_asked_not_to(committed: str) -> Non
         thread = _watch(listener, got)
         insert_article(app, 50, "n", "notify me")
         thread.join(15)
-        assert [(n.channel, n.payload) for n in got] == [("kbpg_sync", "articles")]
+        # no payload: any role may listen, and the source's name is not theirs to learn
+        assert [(n.channel, n.payload) for n in got] == [("kbpg_sync", "")]
         app.execute("select kb.alter_table_source('articles', notify => false)")
         got.clear()
         for _ in listener.notifies(timeout=0.2):  # alter's own notification
@@ -492,3 +511,119 @@ def test_a_commit_notifies_the_worker_unless_asked_not_to(committed: str) -> Non
         insert_article(app, 51, "n", "quiet")
         assert list(listener.notifies(timeout=1)) == []
         assert (["51"], "I") in queue(app)
+
+
+# -- issue 38: the triggers run none of the application's code ------------------------------------
+
+# an enum of the application's with casts to json and text whose function records who ran it: to
+# run it as kbpg's owner was to hand the application the owner's rights (`alter role ... superuser`)
+CAST_TRAP = """
+create table {schema}.cast_calls (who text, via text);
+create type {schema}.mood as enum ('calm', 'glad');
+create function {schema}.mood_json(m {schema}.mood) returns json language plpgsql as $$
+begin insert into {schema}.cast_calls values (current_user, 'json'); return '"x"'; end $$;
+create function {schema}.mood_text(m {schema}.mood) returns text language plpgsql as $$
+begin insert into {schema}.cast_calls values (current_user, 'text'); return 'x'; end $$;
+create cast ({schema}.mood as json) with function {schema}.mood_json({schema}.mood);
+create cast ({schema}.mood as text) with function {schema}.mood_text({schema}.mood);
+create table {schema}.notes (id bigint not null, mood {schema}.mood not null, body text,
+                             feeling {schema}.mood, primary key (id, mood));
+"""
+
+
+@pytest.fixture
+def trapped(committed: str, app_roles: Callable[[str], str]) -> Iterator[tuple[str, str, str]]:
+    """(url, application role, its schema): the application owns a schema with CAST_TRAP in it,
+    its table notes a source of kbpg's (added by the owner)."""
+    app = app_roles("app")
+    schema = app
+    with kdb.connect(committed, autocommit=True) as owner:
+        owner.execute(
+            sql.SQL("create schema {} authorization {}").format(
+                sql.Identifier(schema), sql.Identifier(app)
+            )
+        )
+        owner.execute(sql.SQL("set role {}").format(sql.Identifier(app)))
+        owner.execute(CAST_TRAP.format(schema=schema))
+        owner.execute("reset role")
+        owner.execute(
+            "select kb.add_table_source('notes', %s, id => 'id, mood', text => 'body',"
+            " metadata => '{feeling}')",
+            (f"{schema}.notes",),
+        )
+    yield committed, app, schema
+    with kdb.connect(committed, autocommit=True) as owner:  # the casts are not DROP OWNED's
+        owner.execute(sql.SQL("drop schema {} cascade").format(sql.Identifier(schema)))
+
+
+def test_the_applications_casts_never_run_in_the_triggers(trapped: tuple[str, str, str]) -> None:
+    url, app, schema = trapped
+    with kdb.connect(url, autocommit=True) as conn:
+        conn.execute(sql.SQL("set role {}").format(sql.Identifier(app)))
+        notes = sql.Identifier(schema, "notes")
+        conn.execute(
+            sql.SQL(
+                "insert into {} values (1, 'calm', 'one', 'calm'), (2, 'calm', 'two', null),"
+                " (3, 'glad', 'three', 'glad')"
+            ).format(notes)
+        )
+        conn.execute(sql.SQL("update {} set feeling = 'glad' where id = 1").format(notes))
+        conn.execute(sql.SQL("update {} set id = id + 10 where id >= 2").format(notes))
+        conn.execute(sql.SQL("delete from {} where id = 13").format(notes))
+        calls = conn.execute(
+            sql.SQL("select * from {}").format(sql.Identifier(schema, "cast_calls"))
+        )
+        assert calls.fetchall() == []
+        assert conn.execute(
+            "select rolsuper from pg_roles where rolname = current_user"
+        ).fetchone() == (False,)
+        conn.execute("reset role")
+        # (one entry a key: the first change's op stands until the worker takes it)
+        assert sorted(queue(conn)) == [
+            (["1", "calm"], "I"), (["12", "calm"], "U"), (["13", "glad"], "U"),
+            (["2", "calm"], "I"), (["3", "glad"], "I"),
+        ]  # fmt: skip
+
+
+def test_a_statement_queues_exactly_the_rows_it_changed(articles: psycopg.Connection[Any]) -> None:
+    conn = articles
+    conn.execute(
+        "insert into public.articles (id, title, body) values (4, 'a', 'x'), (5, 'b', 'y'), (6, 'c', 'z')"
+    )
+    assert queue(conn) == [(["4"], "I"), (["5"], "I"), (["6"], "I")]
+    conn.execute("delete from kb.source_queue")
+    # one statement: a key changed (4 -> 40), a read column changed (1), the rest untouched
+    conn.execute(
+        "update public.articles set id = case when id = 4 then 40 else id end,"
+        " body = case when id = 1 then 'changed' else body end"
+    )
+    assert sorted(queue(conn)) == [(["1"], "U"), (["4"], "D"), (["40"], "U")]
+    conn.execute("delete from kb.source_queue")
+    conn.execute("update public.articles set view_count = view_count + 1, body = body")
+    assert queue(conn) == []
+    conn.execute("update public.articles set title = null where id = 5")  # 'b' -> NULL
+    conn.execute("update public.articles set author = '' where id = 6")  # NULL -> ''
+    assert sorted(queue(conn)) == [(["5"], "U"), (["6"], "U")]
+    conn.execute("delete from kb.source_queue")
+    conn.execute("delete from public.articles where id in (5, 6, 40)")
+    assert sorted(queue(conn)) == [(["40"], "D"), (["5"], "D"), (["6"], "D")]
+    conn.execute("truncate public.articles")
+    assert ([], "T") in queue(conn)
+
+
+def test_a_row_trigger_made_before_0022_queues_safely(articles: psycopg.Connection[Any]) -> None:
+    """Where the owner could not re-create them, the row triggers stay: the same queue."""
+    conn = articles
+    source = count(conn, "select id from kb.table_sources where name = 'articles'")
+    for t in ("insert", "update", "delete"):
+        conn.execute(f"drop trigger kbpg_articles_{t} on public.articles")
+    conn.execute(
+        "create trigger kbpg_articles_change after insert or update or delete on public.articles"
+        f" for each row execute function kb._source_enqueue('{source}')"
+    )
+    insert_article(conn, 4, "New", "A new article.")
+    conn.execute("update public.articles set view_count = 9 where id = 1")
+    conn.execute("update public.articles set body = 'b' where id = 2")
+    conn.execute("update public.articles set id = 30 where id = 3")
+    conn.execute("delete from public.articles where id = 4")
+    assert sorted(queue(conn)) == [(["2"], "U"), (["3"], "D"), (["30"], "U"), (["4"], "I")]
