@@ -561,6 +561,8 @@ def test_every_writer_takes_lock_wait(db_url: str, tmp_path: Path, cli_env: dict
             gave_up = run_kbpg(*command, env=env)
             assert gave_up.returncode == 1, gave_up.stderr
             lines = gave_up.stderr.splitlines()
+            if command[0] == "reembed":  # it names the model first, then waits for the lock
+                assert lines.pop(0) == "reembed: embedding every chunk with all-MiniLM-L6-v2"
             assert lines[0].startswith("waiting up to 1 s for the write lock held by ")
             assert lines[1].startswith("Error: another kbpg writer (PostgreSQL backend pid ")
             assert lines[1].endswith(") holds kbpg's write lock; gave up after waiting 1 s")

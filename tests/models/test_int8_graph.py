@@ -54,7 +54,11 @@ def test_int8_vectors_stay_close_to_the_packaged_graph(cache: Path) -> None:
     reference = MiniLMEmbedder(threads=1, int8_products=False).embed_documents(SENTENCES)
     vectors = MiniLMEmbedder(threads=1).embed_documents(SENTENCES)
     cosines = (reference * vectors).sum(axis=1)
-    assert cosines.min() > 0.98, cosines
+    # a one-token text ("x") moves most: .975 with onnxruntime 1.32 (.98+ with earlier releases,
+    # on the runs before); every other sentence stays above .985
+    assert cosines.min() > 0.97, cosines
+    assert np.median(cosines) > 0.99, cosines
+    assert (np.delete(cosines, SENTENCES.index("x")) > 0.985).all(), cosines
     assert not np.array_equal(reference, vectors)  # two graphs indeed (int8_products=False)
     # how alike two sentences are barely moves (rankings on real data: the NPL and XQuAD
     # quality gates of tests/search)
