@@ -138,6 +138,42 @@ $$;
 comment on function kb._source_by_name(text) is
     'The table source of this name; 42704 when there is none.';
 
+create or replace function kb._source_relation_name(relation regclass)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+      from pg_catalog.pg_class c
+      join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+     where c.oid = relation;
+end;
+comment on function kb._source_relation_name(regclass) is
+    'A table''s schema-qualified, quoted name, whatever the search_path; NULL when it is gone.';
+
+create or replace function kb._source_table(s kb.table_sources)
+returns regclass
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        raise exception 'the table of table source "%" was dropped (it was %)', s.name, s.relation_name
+            using errcode = 'KB010',
+                  hint = format('re-create %s and run: kbpg sources resync %s;  or: kbpg sources remove %s '
+                                '(its documents stay searchable until then; --drop-documents deletes them)',
+                                s.relation_name, s.name, s.name);
+    end if;
+    return s.relation;
+end
+$$;
+comment on function kb._source_table(kb.table_sources) is
+    'The source''s table; SQLSTATE KB010 naming it and what to run when it was dropped.';
+
 -- -- checking a definition against the table ----------------------------------------------
 
 create or replace function kb._source_attribute(relation regclass, column_name text)
@@ -785,10 +821,11 @@ begin
     keys := kb._source_key_columns(relation, id);
     perform kb._source_check_definition(relation, text_column, title_column, groups_column,
                                         category_column, labels_column, coalesce(metadata_columns, '{}'));
-    insert into kb.table_sources as s (name, relation, key_columns, text_column, title_column, groups_column,
-                                       category_column, labels_column, metadata_columns, notify)
-    values (source_name, relation, keys, text_column, title_column, groups_column, category_column,
-            labels_column, coalesce(metadata_columns, '{}'), coalesce(notify, true))
+    insert into kb.table_sources as s (name, relation, relation_name, key_columns, text_column, title_column,
+                                       groups_column, category_column, labels_column, metadata_columns, notify)
+    values (source_name, relation, kb._source_relation_name(relation), keys, text_column, title_column,
+            groups_column, category_column, labels_column, coalesce(metadata_columns, '{}'),
+            coalesce(notify, true))
     returning s.id into new_id;
     return new_id;
 end
@@ -823,7 +860,7 @@ begin
     if not found then
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
-    perform kb._source_check_trigger_privilege(s.relation);
+    perform kb._source_check_trigger_privilege(kb._source_table(s));
     perform kb._source_check_definition(s.relation, text_column, title_column, groups_column,
                                         category_column, labels_column, coalesce(metadata_columns, '{}'));
     -- every row is read again (a document whose text and fields come out the same is not
@@ -835,6 +872,7 @@ begin
            category_column = _source_catalog_define.category_column,
            labels_column = _source_catalog_define.labels_column,
            metadata_columns = coalesce(_source_catalog_define.metadata_columns, '{}'),
+           relation_name = kb._source_relation_name(s.relation),
            notify = coalesce(_source_catalog_define.notify, t.notify),
            version = t.version + 1, altered_at = pg_catalog.now(),
            backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
@@ -863,9 +901,10 @@ begin
     if not found then
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
-    perform kb._source_check_trigger_privilege(s.relation);
+    perform kb._source_check_trigger_privilege(kb._source_table(s));
     update kb.table_sources t
-       set backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
+       set relation_name = kb._source_relation_name(s.relation),
+           backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
            backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
      where t.id = s.id;
 end
@@ -873,6 +912,46 @@ $$;
 comment on function kb._source_catalog_reset(integer) is
     'Start a table source''s backfill over (kb.resync_table_source''s write; the owner''s rights): '
     'checks the caller is a writer who may put triggers on the table.';
+
+create or replace function kb._source_catalog_rebind(source_id integer, relation regclass)
+returns void
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_catalog_rebind.source_id for update;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    if exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        raise exception 'the table of table source "%" is still there (%)', s.name, s.relation
+            using errcode = '55000', hint = 'a source is bound to another table only once its own is dropped';
+    end if;
+    if relation is null then
+        raise exception 'source_table is NULL' using errcode = '22023';
+    end if;
+    perform kb._source_check_trigger_privilege(relation);
+    -- the same key columns and columns, checked against the new table
+    perform kb._source_key_columns(relation, pg_catalog.array_to_string(s.key_columns, ','));
+    perform kb._source_check_definition(relation, s.text_column, s.title_column, s.groups_column,
+                                        s.category_column, s.labels_column, s.metadata_columns);
+    update kb.table_sources t
+       set relation = _source_catalog_rebind.relation,
+           relation_name = kb._source_relation_name(_source_catalog_rebind.relation),
+           version = t.version + 1, altered_at = pg_catalog.now()
+     where t.id = s.id;
+end
+$$;
+comment on function kb._source_catalog_rebind(integer, regclass) is
+    'Bind a table source whose table was dropped to the table re-created in its place '
+    '(kb.resync_table_source''s write; the owner''s rights): checks the caller is a writer who '
+    'may put triggers on that permanent table, and the source''s key and columns against it.';
 
 create or replace function kb._source_catalog_delete(source_id integer)
 returns void
@@ -1172,8 +1251,22 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     s kb.table_sources;
+    replacement regclass;
 begin
     s := kb._source_by_name(resync_table_source.source_name);
+    if not exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        -- its table was dropped: a table re-created under the same name takes its place
+        replacement := pg_catalog.to_regclass(s.relation_name);
+        -- (a name recorded as a bare OID, of a table dropped before revision 0024, names none)
+        if replacement is null
+           or not exists (select 1 from pg_catalog.pg_class c where c.oid = replacement) then
+            perform kb._source_table(s);  -- raises, naming what to run
+        end if;
+        perform kb._source_catalog_rebind(s.id, replacement);
+        s := kb._source_by_name(resync_table_source.source_name);
+        raise notice 'table source "%" now reads % (oid %), re-created in place of the one dropped',
+                s.name, s.relation_name, s.relation::oid;
+    end if;
     perform kb._source_check_privileges(s.relation);
     -- the triggers too, in case some were dropped (around an ALTER TABLE of a column they read)
     perform kb._source_triggers(s.id);
@@ -1202,7 +1295,8 @@ stable
 security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
-    select s.name, s.relation::text, s.key_columns, s.text_column, s.title_column,
+    select s.name, coalesce(kb._source_relation_name(s.relation), s.relation_name || ' (dropped)'),
+           s.key_columns, s.text_column, s.title_column,
            s.groups_column, s.category_column, s.labels_column, s.metadata_columns,
            s.notify, s.version, s.created_at, s.altered_at,
            (select pg_catalog.count(*) from kb.source_queue q where q.source_id = s.id),
@@ -1377,6 +1471,7 @@ declare
     key_sql text := kb._source_key_sql(source_id, 't');
 begin
     select * into s from kb.table_sources t where t.id = _source_select.source_id;
+    perform kb._source_table(s);
     return format(
         'select %1$s as key, kb._source_document(%2$L, %1$s) as document, %3$s as body, '
         'coalesce(%4$s, '''') as title, %5$s as groups, %6$s as category, %7$s as labels, '
@@ -1574,6 +1669,7 @@ begin
     if s.id is null or s.backfill_state = 'done' then
         return;
     end if;
+    perform kb._source_table(s);
     if s.backfill_state = 'pending' then
         select c.reltuples into estimate from pg_catalog.pg_class c where c.oid = s.relation;
         if estimate is null or estimate < 1000000 then

@@ -150,6 +150,7 @@ SOURCE_CATALOG = {
     "kb._source_catalog_define(integer,text,text,text,text,text,text[],boolean)",
     "kb._source_catalog_reset(integer)",
     "kb._source_catalog_delete(integer)",
+    "kb._source_catalog_rebind(integer,regclass)",
     "kb._source_backfill_lock(integer)",
     "kb._source_backfill_save(integer,text,text[],bigint,bigint)",
 }
@@ -170,11 +171,13 @@ def test_every_function_pins_search_path_and_only_the_reader_api_is_security_def
             assert secdef, name
             code = re.sub(r"'(?:[^']|'')*'", "''", re.sub(r"--[^\n]*", "", source))
             # first of all: who calls
-            assert code.split("begin", 1)[1].lstrip().startswith(
-                "perform kb._source_check_writer();"
+            assert (
+                code.split("begin", 1)[1].lstrip().startswith("perform kb._source_check_writer();")
             ), name
             assert not re.search(r"\bexecute\b", code, re.I), name
-            written = set(re.findall(r"(?:insert\s+into|update|delete\s+from)\s+(kb\.\w+)", code, re.I))
+            written = set(
+                re.findall(r"(?:insert\s+into|update|delete\s+from)\s+(kb\.\w+)", code, re.I)
+            )
             assert written <= {"kb.table_sources"}, (name, written)
         else:
             assert bool(secdef) == (name.split("(")[0] in READER_API), (

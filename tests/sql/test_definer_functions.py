@@ -40,6 +40,7 @@ DEFINERS = {
     "kb._source_catalog_define": "a writer's column names checked in pg_catalog against a source's permanent table",
     "kb._source_catalog_reset": "a source id: resets its backfill columns",
     "kb._source_catalog_delete": "a source id: deletes its catalog row",
+    "kb._source_catalog_rebind": "a source id and a regclass: the new table's columns checked in pg_catalog, no row read",
     "kb._source_backfill_lock": "a source id: locks its catalog row (SKIP LOCKED)",
     "kb._source_backfill_save": "a source id, a state from a fixed list, a text[] cursor and two counts",
 }
@@ -113,7 +114,9 @@ def test_a_writer_cannot_point_a_source_at_its_temp_table(conn: psycopg.Connecti
     assert owner is not None and writer is not None
     member = f"kbt_member_{uuid.uuid4().hex[:8]}"  # rolled back with the test's transaction
     conn.execute(sql.SQL("create role {} login").format(sql.Identifier(member)))
-    conn.execute(sql.SQL("grant {} to {}").format(sql.Identifier(writer[0]), sql.Identifier(member)))
+    conn.execute(
+        sql.SQL("grant {} to {}").format(sql.Identifier(writer[0]), sql.Identifier(member))
+    )
     notices: list[str] = []
     conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
     conn.execute(sql.SQL("set role {}").format(sql.Identifier(member)))
@@ -250,9 +253,7 @@ def test_the_catalog_helpers_refuse_a_role_that_is_not_a_writer(
     function = call.split("(")[0].removeprefix("select ")
     conn.execute(
         sql.SQL("grant execute on function {} to {}").format(
-            sql.SQL(
-                count_text(conn, f"select '{function}'::regproc::regprocedure::text")
-            ),
+            sql.SQL(count_text(conn, f"select '{function}'::regproc::regprocedure::text")),
             sql.Identifier(other),
         )
     )
