@@ -1132,7 +1132,7 @@ begin
     made := kb._source_triggers(new_id);
     perform kb._source_warn_reader(add_table_source.source_table);
     -- a running worker starts the backfill now rather than at its next poll
-    perform pg_catalog.pg_notify('kbpg_sync', add_table_source.source_name);
+    perform pg_catalog.pg_notify('kbpg_sync', '');  -- no name: any role may LISTEN
     return query select add_table_source.source_name, add_table_source.source_table::text, keys, made;
 end
 $$;
@@ -1184,7 +1184,7 @@ begin
                                       alter_table_source.notify);
     made := kb._source_triggers(s.id);
     perform kb._source_warn_reader(s.relation);
-    perform pg_catalog.pg_notify('kbpg_sync', s.name);
+    perform pg_catalog.pg_notify('kbpg_sync', '');
     return query select s.name, s.relation::text, s.key_columns, made;
 end
 $$;
@@ -1272,7 +1272,7 @@ begin
     perform kb._source_triggers(s.id);
     perform kb._source_catalog_reset(s.id);
     insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'S') on conflict do nothing;
-    perform pg_catalog.pg_notify('kbpg_sync', s.name);
+    perform pg_catalog.pg_notify('kbpg_sync', '');
     return true;
 end
 $$;

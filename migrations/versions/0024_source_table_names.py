@@ -37,7 +37,13 @@ comment on column kb.table_sources.relation_name is
     'to a table re-created under it).';
 """
 
+# kb.list_table_sources (SQL-standard body) depends on the column: dropped with the functions that
+# read it; the previous package's `kbpg db upgrade` applies its own again
 DOWNGRADE = r"""
+drop function if exists kb.list_table_sources(text);
+drop function if exists kb._source_catalog_rebind(integer, regclass);
+drop function if exists kb._source_table(kb.table_sources);
+drop function if exists kb._source_relation_name(regclass);
 alter table kb.table_sources drop column relation_name;
 """
 

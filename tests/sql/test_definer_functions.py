@@ -206,8 +206,8 @@ def test_a_source_on_a_temp_table_queues_nothing(conn: psycopg.Connection[Any]) 
     before) makes its trigger raise 42809, before it reads a row."""
     conn.execute("create temp table t (id bigint primary key, body text)")
     conn.execute(
-        "insert into kb.table_sources (name, relation, key_columns, text_column)"
-        " values ('temp', 'pg_temp.t'::regclass, '{id}', 'body')"
+        "insert into kb.table_sources (name, relation, relation_name, key_columns, text_column)"
+        " values ('temp', 'pg_temp.t'::regclass, 'pg_temp.t', '{id}', 'body')"
     )
     source = count(conn, "select id from kb.table_sources where name = 'temp'")
     conn.execute(
