@@ -132,6 +132,13 @@ begin
         -- kb.set_language, the owner's, changes it: it re-analyses every chunk with it)
         execute format('revoke insert, update, delete, truncate on kb.access_grants, kb.access_settings, '
                        'kb.language from %I', writer_name);
+        -- nor which table a source reads (issue 38: a writer who pointed a source at a temp table
+        -- of its own ran its code as the owner): sources change through the SECURITY DEFINER
+        -- helpers of sql/090, which check the caller and what they write
+        if pg_catalog.to_regclass('kb.table_sources') is not null then
+            execute format('revoke insert, update, delete, truncate on kb.table_sources from %I',
+                           writer_name);
+        end if;
     end if;
     -- kbpg checks the schema version before it searches or writes
     select c.oid::regclass into version_table

@@ -22,11 +22,15 @@
 -- The rows that existed before the source are enqueued a page at a time by the worker
 -- (kb._source_backfill), resumable from kb.table_sources.backfill_cursor.
 --
--- Privileges: adding a source needs TRIGGER on the table and kbpg's writer role (the catalog
--- lives in schema kb); the worker needs SELECT on the table and must see every row (it reads
--- with row_security off: a policy hiding rows is an error, not deleted documents). The two
--- trigger functions are SECURITY DEFINER (kbpg's only ones besides the reader API, sql/075):
--- they let any role that writes the table add to the queue, without a grant on schema kb.
+-- Privileges: adding a source needs TRIGGER on the table and kbpg's writer role; the worker
+-- needs SELECT on the table and must see every row (it reads with row_security off: a policy
+-- hiding rows is an error, not deleted documents). The two trigger functions are SECURITY
+-- DEFINER: they let any role that writes the table add to the queue, without a grant on
+-- schema kb. The catalog, kb.table_sources, is the owner's: writers read it and change it only
+-- through the narrow SECURITY DEFINER helpers below (kb._source_catalog_*, kb._source_backfill_*),
+-- each checking its caller is a writer (or the owner) and validating what it writes, so that a
+-- source names only a permanent table its definer had TRIGGER on (issue 38: a writer who could
+-- point a source at a temp table of its own made the trigger run its code as the owner).
 -- Readers get nothing here: no table privilege (sql/080), no EXECUTE on the triggers.
 
 -- -- names, keys and documents ------------------------------------------------------------
@@ -133,6 +137,42 @@ end
 $$;
 comment on function kb._source_by_name(text) is
     'The table source of this name; 42704 when there is none.';
+
+create or replace function kb._source_relation_name(relation regclass)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname)
+      from pg_catalog.pg_class c
+      join pg_catalog.pg_namespace n on n.oid = c.relnamespace
+     where c.oid = relation;
+end;
+comment on function kb._source_relation_name(regclass) is
+    'A table''s schema-qualified, quoted name, whatever the search_path; NULL when it is gone.';
+
+create or replace function kb._source_table(s kb.table_sources)
+returns regclass
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if not exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        raise exception 'the table of table source "%" was dropped (it was %)', s.name, s.relation_name
+            using errcode = 'KB010',
+                  hint = format('re-create %s and run: kbpg sources resync %s;  or: kbpg sources remove %s '
+                                '(its documents stay searchable until then; --drop-documents deletes them)',
+                                s.relation_name, s.name, s.name);
+    end if;
+    return s.relation;
+end
+$$;
+comment on function kb._source_table(kb.table_sources) is
+    'The source''s table; SQLSTATE KB010 naming it and what to run when it was dropped.';
 
 -- -- checking a definition against the table ----------------------------------------------
 
@@ -477,6 +517,7 @@ begin
             using errcode = '42501',
                   hint = 'kbpg''s triggers are created by kb.add_table_source and queue only their own table''s rows';
     end if;
+    perform kb._source_check_persistence(tg_relid);
     if tg_level = 'STATEMENT' then
         statement := kb._source_change_sql(s.id, case when tg_op <> 'DELETE' then 'kbpg_new' end,
                                            case when tg_op <> 'INSERT' then 'kbpg_old' end);
@@ -532,6 +573,7 @@ begin
             using errcode = '42501',
                   hint = 'kbpg''s triggers are created by kb.add_table_source and queue only their own table''s rows';
     end if;
+    perform kb._source_check_persistence(tg_relid);
     insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'T')
     on conflict do nothing;
     if found and s.notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
@@ -609,7 +651,29 @@ comment on function kb._source_triggers(integer) is
 
 -- -- defining sources -------------------------------------------------------------------------
 
-create or replace function kb._source_check_privileges(relation regclass)
+create or replace function kb._source_check_persistence(relation regclass)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- a temporary table is one session's: no worker could read it, and only its session's code
+    -- (its temp types, casts, functions) could act on its rows
+    if exists (select 1 from pg_catalog.pg_class c where c.oid = relation and c.relpersistence = 't') then
+        raise exception 'table % is temporary: a table source reads a permanent table', relation
+            using errcode = '42809',
+                  hint = 'kbpg sync reads the table from a session of its own: create it without TEMPORARY '
+                         '(an UNLOGGED table will do)';
+    end if;
+end
+$$;
+comment on function kb._source_check_persistence(regclass) is
+    'Raise 42809 when the table is temporary (relpersistence t): no table source reads one, and '
+    'no trigger of kbpg''s queues its rows.';
+
+create or replace function kb._source_check_writer()
 returns void
 language plpgsql
 stable
@@ -617,36 +681,370 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    writer text := 'kbpg_writer';
+    -- the role the session acts as, also inside the SECURITY DEFINER helpers below (where
+    -- current_user is the owner): SET ROLE's, else the login role (sql/015)
+    caller constant oid := kb._access_caller();
+    writer oid;
+    writer_name text := 'kbpg_writer';
+begin
+    -- a role that may not read kb's settings is no writer (writers read every kb table)
+    if pg_catalog.has_table_privilege('kb.access_settings', 'SELECT') then
+        select a.writer_oid,
+               coalesce((select r.rolname::text from pg_catalog.pg_roles r where r.oid = a.writer_oid),
+                        a.writer_role, writer_name)
+          into writer, writer_name
+          from kb.access_settings a;
+    end if;
+    -- a superuser, the catalog's owner (or a role that may use it), the writer role by its OID
+    if coalesce((select r.rolsuper from pg_catalog.pg_roles r where r.oid = caller), false)
+       or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
+                                                    where c.oid = 'kb.table_sources'::pg_catalog.regclass),
+                                          'USAGE'), false)
+       or coalesce(pg_catalog.pg_has_role(caller, writer, 'USAGE'), false) then
+        return;
+    end if;
+    raise exception 'role % may not define table sources',
+            coalesce((select r.rolname::text from pg_catalog.pg_roles r where r.oid = caller), session_user)
+        using errcode = '42501',
+              hint = format('kbpg''s writer role may: grant %I to %I;  (run by the owner of schema kb)',
+                            writer_name,
+                            coalesce((select r.rolname::text from pg_catalog.pg_roles r where r.oid = caller),
+                                     session_user));
+end
+$$;
+comment on function kb._source_check_writer() is
+    'Raise 42501 (naming the grant) unless the calling role (kb._access_caller(): right inside a '
+    'SECURITY DEFINER function too) is a superuser, may use the catalog''s owner or kbpg''s writer '
+    'role: who may define, change and remove table sources.';
+
+create or replace function kb._source_check_trigger_privilege(relation regclass)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    caller constant oid := kb._access_caller();
     kind "char";
     owner_name text;
 begin
     select c.relkind, c.relowner::regrole::text into kind, owner_name
       from pg_catalog.pg_class c where c.oid = relation;
+    if kind is null then
+        raise exception 'table % does not exist', relation using errcode = '42P01';
+    end if;
     if kind not in ('r', 'p') then
         raise exception '% is not a table', relation
             using errcode = '42809', hint = 'a table source reads a table (or a partitioned table)';
     end if;
-    if pg_catalog.has_table_privilege('kb.access_settings', 'SELECT') then
-        select coalesce(a.writer_role, writer) into writer from kb.access_settings a;
-    end if;
-    if not pg_catalog.has_table_privilege('kb.table_sources', 'INSERT, UPDATE, DELETE') then
-        raise exception 'role % may not define table sources', current_user
-            using errcode = '42501',
-                  hint = format('kbpg''s writer role may: grant %I to %I;  (run by the owner of schema kb)',
-                                writer, current_user);
-    end if;
-    if not pg_catalog.has_table_privilege(relation, 'TRIGGER') then
-        raise exception 'role % may not create triggers on %', current_user, relation
+    perform kb._source_check_persistence(relation);
+    -- the caller's privilege, not current_user's (the owner's, inside the catalog helpers)
+    if not coalesce(pg_catalog.has_table_privilege(caller, relation, 'TRIGGER'), false) then
+        raise exception 'role % may not create triggers on %',
+                coalesce((select r.rolname::text from pg_catalog.pg_roles r where r.oid = caller), session_user),
+                relation
             using errcode = '42501',
                   hint = format('its owner runs: grant trigger on %s to %I;  (or add the source as %s)',
-                                relation, current_user, owner_name);
+                                relation,
+                                coalesce((select r.rolname::text from pg_catalog.pg_roles r where r.oid = caller),
+                                         session_user),
+                                owner_name);
     end if;
 end
 $$;
+comment on function kb._source_check_trigger_privilege(regclass) is
+    'Raise unless the relation is a permanent table (42P01 gone, 42809 not a table or temporary) '
+    'on which the calling role (kb._access_caller()) may create triggers (42501, naming the grant).';
+
+create or replace function kb._source_check_privileges(relation regclass)
+returns void
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    perform kb._source_check_writer();
+    perform kb._source_check_trigger_privilege(relation);
+end
+$$;
 comment on function kb._source_check_privileges(regclass) is
-    'Raise 42501, naming the grant to ask for, unless the current role may write kbpg''s source '
-    'catalog and create triggers on the table (42809 unless it is a table).';
+    'Raise 42501, naming the grant to ask for, unless the calling role is kbpg''s writer (or the '
+    'owner) and may create triggers on the table; 42809 unless it is a permanent table.';
+
+-- -- the catalog: the owner's table, written through these helpers only -------------------------
+--
+-- Each is SECURITY DEFINER (writers have no INSERT, UPDATE or DELETE on kb.table_sources,
+-- sql/080), does one job, checks its caller (kb._source_check_writer) and validates every
+-- argument before it writes: a source names only a permanent table its definer may put
+-- triggers on, with columns kb._source_check_definition accepts. They evaluate the caller's
+-- arguments with built-in code only (regclass, text, text[] and pg_catalog lookups).
+
+create or replace function kb._source_catalog_insert(
+    source_name text,
+    relation regclass,
+    id text,
+    text_column text,
+    title_column text,
+    groups_column text,
+    category_column text,
+    labels_column text,
+    metadata_columns text[],
+    notify boolean
+)
+returns integer
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    keys text[];
+    new_id integer;
+begin
+    perform kb._source_check_writer();
+    if source_name is null or source_name operator(pg_catalog.!~) '^[A-Za-z0-9_][A-Za-z0-9_.-]{0,39}$' then
+        raise exception 'invalid table source name %', coalesce(pg_catalog.quote_literal(source_name), 'NULL')
+            using errcode = '22023',
+                  hint = 'up to 40 letters, digits, _ . or -, e.g. ''articles'' (documents are table:<name>/<key>)';
+    end if;
+    if relation is null then
+        raise exception 'source_table is NULL' using errcode = '22023', hint = 'e.g. ''public.articles''';
+    end if;
+    perform kb._source_check_trigger_privilege(relation);
+    if exists (select 1 from kb.table_sources s where s.name operator(pg_catalog.=) source_name) then
+        raise exception 'table source "%" already exists', source_name
+            using errcode = '42710', hint = 'change it with kb.alter_table_source, or remove it first';
+    end if;
+    keys := kb._source_key_columns(relation, id);
+    perform kb._source_check_definition(relation, text_column, title_column, groups_column,
+                                        category_column, labels_column, coalesce(metadata_columns, '{}'));
+    insert into kb.table_sources as s (name, relation, relation_name, key_columns, text_column, title_column,
+                                       groups_column, category_column, labels_column, metadata_columns, notify)
+    values (source_name, relation, kb._source_relation_name(relation), keys, text_column, title_column,
+            groups_column, category_column, labels_column, coalesce(metadata_columns, '{}'),
+            coalesce(notify, true))
+    returning s.id into new_id;
+    return new_id;
+end
+$$;
+comment on function kb._source_catalog_insert(text, regclass, text, text, text, text, text, text, text[], boolean) is
+    'Record a new table source (kb.add_table_source''s write; the owner''s rights): checks the '
+    'caller is a writer, the name, that the table is a permanent one the caller may put triggers '
+    'on, its key (id: column names, default the primary key) and columns; returns its id.';
+
+create or replace function kb._source_catalog_define(
+    source_id integer,
+    text_column text,
+    title_column text,
+    groups_column text,
+    category_column text,
+    labels_column text,
+    metadata_columns text[],
+    notify boolean
+)
+returns void
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_catalog_define.source_id for update;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    perform kb._source_check_trigger_privilege(kb._source_table(s));
+    perform kb._source_check_definition(s.relation, text_column, title_column, groups_column,
+                                        category_column, labels_column, coalesce(metadata_columns, '{}'));
+    -- every row is read again (a document whose text and fields come out the same is not
+    -- rewritten: ingest compares content hashes)
+    update kb.table_sources t
+       set text_column = _source_catalog_define.text_column,
+           title_column = _source_catalog_define.title_column,
+           groups_column = _source_catalog_define.groups_column,
+           category_column = _source_catalog_define.category_column,
+           labels_column = _source_catalog_define.labels_column,
+           metadata_columns = coalesce(_source_catalog_define.metadata_columns, '{}'),
+           relation_name = kb._source_relation_name(s.relation),
+           notify = coalesce(_source_catalog_define.notify, t.notify),
+           version = t.version + 1, altered_at = pg_catalog.now(),
+           backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
+           backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
+     where t.id = s.id;
+end
+$$;
+comment on function kb._source_catalog_define(integer, text, text, text, text, text, text[], boolean) is
+    'Change a table source''s columns and notify (NULL keeps it) and start its backfill over '
+    '(kb.alter_table_source''s write; the owner''s rights): checks the caller is a writer who may '
+    'put triggers on the table and the columns against it.';
+
+create or replace function kb._source_catalog_reset(source_id integer)
+returns void
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_catalog_reset.source_id for update;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    perform kb._source_check_trigger_privilege(kb._source_table(s));
+    update kb.table_sources t
+       set relation_name = kb._source_relation_name(s.relation),
+           backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
+           backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
+     where t.id = s.id;
+end
+$$;
+comment on function kb._source_catalog_reset(integer) is
+    'Start a table source''s backfill over (kb.resync_table_source''s write; the owner''s rights): '
+    'checks the caller is a writer who may put triggers on the table.';
+
+create or replace function kb._source_catalog_rebind(source_id integer, relation regclass)
+returns void
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_catalog_rebind.source_id for update;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    if exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        raise exception 'the table of table source "%" is still there (%)', s.name, s.relation
+            using errcode = '55000', hint = 'a source is bound to another table only once its own is dropped';
+    end if;
+    if relation is null then
+        raise exception 'source_table is NULL' using errcode = '22023';
+    end if;
+    perform kb._source_check_trigger_privilege(relation);
+    -- the same key columns and columns, checked against the new table
+    perform kb._source_key_columns(relation, pg_catalog.array_to_string(s.key_columns, ','));
+    perform kb._source_check_definition(relation, s.text_column, s.title_column, s.groups_column,
+                                        s.category_column, s.labels_column, s.metadata_columns);
+    update kb.table_sources t
+       set relation = _source_catalog_rebind.relation,
+           relation_name = kb._source_relation_name(_source_catalog_rebind.relation),
+           version = t.version + 1, altered_at = pg_catalog.now()
+     where t.id = s.id;
+end
+$$;
+comment on function kb._source_catalog_rebind(integer, regclass) is
+    'Bind a table source whose table was dropped to the table re-created in its place '
+    '(kb.resync_table_source''s write; the owner''s rights): checks the caller is a writer who '
+    'may put triggers on that permanent table, and the source''s key and columns against it.';
+
+create or replace function kb._source_catalog_delete(source_id integer)
+returns void
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+begin
+    perform kb._source_check_writer();
+    delete from kb.table_sources t where t.id = _source_catalog_delete.source_id;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+end
+$$;
+comment on function kb._source_catalog_delete(integer) is
+    'Delete a table source''s catalog row (kb.remove_table_source''s write; the owner''s rights): '
+    'checks the caller is a writer.';
+
+create or replace function kb._source_backfill_lock(source_id integer)
+returns kb.table_sources
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+begin
+    perform kb._source_check_writer();
+    -- one worker at a time moves a source's cursor (the row lock, held to the caller's commit)
+    select * into s from kb.table_sources t where t.id = _source_backfill_lock.source_id
+       for update skip locked;
+    return s;
+end
+$$;
+comment on function kb._source_backfill_lock(integer) is
+    'Lock a table source''s row for the caller''s backfill page (SKIP LOCKED: all NULL while '
+    'another worker holds it, or when there is no such source); the owner''s rights, for writers.';
+
+create or replace function kb._source_backfill_save(
+    source_id integer,
+    state text,
+    cursor_key text[],
+    total bigint,
+    enqueued bigint
+)
+returns void
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_backfill_save.source_id for update;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    if state is null or state not in ('pending', 'running', 'done') then
+        raise exception 'invalid backfill state %', coalesce(pg_catalog.quote_literal(state), 'NULL')
+            using errcode = '22023', hint = 'pending, running or done';
+    end if;
+    if cursor_key is not null
+       and (state <> 'running' or pg_catalog.cardinality(cursor_key) <> pg_catalog.cardinality(s.key_columns)) then
+        raise exception 'a backfill cursor is one value per key column (%), and only while running',
+                pg_catalog.cardinality(s.key_columns)
+            using errcode = '22023';
+    end if;
+    if total < 0 or enqueued is null or enqueued < 0 then
+        raise exception 'backfill counts must not be negative' using errcode = '22023';
+    end if;
+    update kb.table_sources t
+       set backfill_state = state, backfill_cursor = cursor_key, backfill_total = total,
+           backfill_enqueued = enqueued,
+           backfill_started_at = case when state = 'pending' then null
+                                      when s.backfill_state = 'pending' or s.backfill_started_at is null
+                                      then pg_catalog.now() else s.backfill_started_at end,
+           backfill_done_at = case when state <> 'done' then null
+                                   when s.backfill_state = 'done' then s.backfill_done_at
+                                   else pg_catalog.now() end
+     where t.id = s.id;
+end
+$$;
+comment on function kb._source_backfill_save(integer, text, text[], bigint, bigint) is
+    'Save where a table source''s backfill stands (state, cursor: one value per key column, rows '
+    'counted, rows paged; start and end times follow the state); the owner''s rights, for writers.';
 
 create or replace function kb._source_warn_reader(relation regclass)
 returns void
@@ -724,17 +1122,17 @@ begin
                                         nullif(add_table_source.title, ''), nullif(add_table_source.groups, ''),
                                         nullif(add_table_source.category, ''), nullif(add_table_source.labels, ''),
                                         coalesce(add_table_source.metadata, '{}'));
-    insert into kb.table_sources as s (name, relation, key_columns, text_column, title_column, groups_column,
-                                       category_column, labels_column, metadata_columns, notify)
-    values (add_table_source.source_name, add_table_source.source_table, keys, add_table_source.text,
-            nullif(add_table_source.title, ''), nullif(add_table_source.groups, ''),
-            nullif(add_table_source.category, ''), nullif(add_table_source.labels, ''),
-            coalesce(add_table_source.metadata, '{}'), coalesce(add_table_source.notify, true))
-    returning s.id into new_id;
+    -- the owner's table, written by its helper (which checks all of the above again as the owner)
+    new_id := kb._source_catalog_insert(add_table_source.source_name, add_table_source.source_table,
+                                        add_table_source.id, add_table_source.text,
+                                        nullif(add_table_source.title, ''), nullif(add_table_source.groups, ''),
+                                        nullif(add_table_source.category, ''), nullif(add_table_source.labels, ''),
+                                        coalesce(add_table_source.metadata, '{}'),
+                                        coalesce(add_table_source.notify, true));
     made := kb._source_triggers(new_id);
     perform kb._source_warn_reader(add_table_source.source_table);
     -- a running worker starts the backfill now rather than at its next poll
-    perform pg_catalog.pg_notify('kbpg_sync', add_table_source.source_name);
+    perform pg_catalog.pg_notify('kbpg_sync', '');  -- no name: any role may LISTEN
     return query select add_table_source.source_name, add_table_source.source_table::text, keys, made;
 end
 $$;
@@ -781,20 +1179,12 @@ begin
     s.metadata_columns := coalesce(alter_table_source.metadata, s.metadata_columns);
     perform kb._source_check_definition(s.relation, s.text_column, s.title_column, s.groups_column,
                                         s.category_column, s.labels_column, s.metadata_columns);
-    -- every row is read again (a document whose text and fields come out the same is not
-    -- rewritten: ingest compares content hashes)
-    update kb.table_sources t
-       set text_column = s.text_column, title_column = s.title_column, groups_column = s.groups_column,
-           category_column = s.category_column, labels_column = s.labels_column,
-           metadata_columns = s.metadata_columns,
-           notify = coalesce(alter_table_source.notify, s.notify),
-           version = t.version + 1, altered_at = pg_catalog.now(),
-           backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
-           backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
-     where t.id = s.id;
+    perform kb._source_catalog_define(s.id, s.text_column, s.title_column, s.groups_column,
+                                      s.category_column, s.labels_column, s.metadata_columns,
+                                      alter_table_source.notify);
     made := kb._source_triggers(s.id);
     perform kb._source_warn_reader(s.relation);
-    perform pg_catalog.pg_notify('kbpg_sync', s.name);
+    perform pg_catalog.pg_notify('kbpg_sync', '');
     return query select s.name, s.relation::text, s.key_columns, made;
 end
 $$;
@@ -818,9 +1208,8 @@ declare
     deleted bigint := 0;
 begin
     s := kb._source_by_name(remove_table_source.source_name);
-    if not pg_catalog.has_table_privilege('kb.table_sources', 'DELETE') then
-        perform kb._source_check_privileges(s.relation);  -- names the grant
-    end if;
+    -- a writer's (no TRIGGER on the table needed: triggers it may not drop are named below)
+    perform kb._source_check_writer();
     if exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
         foreach t in array kb._source_trigger_names(s.name) loop
             begin
@@ -840,7 +1229,7 @@ begin
     delete from kb.source_queue q where q.source_id = s.id;
     delete from kb.source_claims c where c.source_id = s.id;
     delete from kb.source_errors e where e.source_id = s.id;
-    delete from kb.table_sources x where x.id = s.id;
+    perform kb._source_catalog_delete(s.id);
     if remove_table_source.drop_documents then
         delete from kb.documents d where pg_catalog.starts_with(d.source, 'table:' || s.name || '/');
         get diagnostics deleted = row_count;
@@ -862,17 +1251,28 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     s kb.table_sources;
+    replacement regclass;
 begin
     s := kb._source_by_name(resync_table_source.source_name);
+    if not exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) then
+        -- its table was dropped: a table re-created under the same name takes its place
+        replacement := pg_catalog.to_regclass(s.relation_name);
+        -- (a name recorded as a bare OID, of a table dropped before revision 0024, names none)
+        if replacement is null
+           or not exists (select 1 from pg_catalog.pg_class c where c.oid = replacement) then
+            perform kb._source_table(s);  -- raises, naming what to run
+        end if;
+        perform kb._source_catalog_rebind(s.id, replacement);
+        s := kb._source_by_name(resync_table_source.source_name);
+        raise notice 'table source "%" now reads % (oid %), re-created in place of the one dropped',
+                s.name, s.relation_name, s.relation::oid;
+    end if;
     perform kb._source_check_privileges(s.relation);
     -- the triggers too, in case some were dropped (around an ALTER TABLE of a column they read)
     perform kb._source_triggers(s.id);
-    update kb.table_sources t
-       set backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
-           backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
-     where t.id = s.id;
+    perform kb._source_catalog_reset(s.id);
     insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'S') on conflict do nothing;
-    perform pg_catalog.pg_notify('kbpg_sync', s.name);
+    perform pg_catalog.pg_notify('kbpg_sync', '');
     return true;
 end
 $$;
@@ -895,7 +1295,8 @@ stable
 security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
-    select s.name, s.relation::text, s.key_columns, s.text_column, s.title_column,
+    select s.name, coalesce(kb._source_relation_name(s.relation), s.relation_name || ' (dropped)'),
+           s.key_columns, s.text_column, s.title_column,
            s.groups_column, s.category_column, s.labels_column, s.metadata_columns,
            s.notify, s.version, s.created_at, s.altered_at,
            (select pg_catalog.count(*) from kb.source_queue q where q.source_id = s.id),
@@ -1070,6 +1471,7 @@ declare
     key_sql text := kb._source_key_sql(source_id, 't');
 begin
     select * into s from kb.table_sources t where t.id = _source_select.source_id;
+    perform kb._source_table(s);
     return format(
         'select %1$s as key, kb._source_document(%2$L, %1$s) as document, %3$s as body, '
         'coalesce(%4$s, '''') as title, %5$s as groups, %6$s as category, %7$s as labels, '
@@ -1263,10 +1665,11 @@ declare
     estimate double precision;
 begin
     -- one worker at a time moves a source's cursor; the others go on with the queue
-    select * into s from kb.table_sources t where t.id = _source_backfill.source_id for update skip locked;
-    if not found or s.backfill_state = 'done' then
+    s := kb._source_backfill_lock(source_id);
+    if s.id is null or s.backfill_state = 'done' then
         return;
     end if;
+    perform kb._source_table(s);
     if s.backfill_state = 'pending' then
         select c.reltuples into estimate from pg_catalog.pg_class c where c.oid = s.relation;
         if estimate is null or estimate < 1000000 then
@@ -1312,11 +1715,8 @@ begin
     else
         s.backfill_cursor := last_key;
     end if;
-    update kb.table_sources t
-       set backfill_state = s.backfill_state, backfill_cursor = s.backfill_cursor,
-           backfill_total = s.backfill_total, backfill_enqueued = s.backfill_enqueued,
-           backfill_started_at = s.backfill_started_at, backfill_done_at = s.backfill_done_at
-     where t.id = s.id;
+    perform kb._source_backfill_save(s.id, s.backfill_state, s.backfill_cursor, s.backfill_total,
+                                     s.backfill_enqueued);
     return query select page_rows, s.backfill_state, s.backfill_total, s.backfill_enqueued;
 end
 $$;
@@ -1477,26 +1877,35 @@ comment on function kb._source_requeue_errors(integer[]) is
 
 -- -- privileges -------------------------------------------------------------------------------
 
--- The trigger functions run with their owner's rights. Firing a trigger checks no privilege on
--- its function, so the application's roles need none; creating one takes EXECUTE, which only
--- kbpg's writer role (whose members add sources) and the owner keep: no one else can hang
--- kb.source_queue's writer on a table of their own. (sql/080 applies the roles' grants before
--- this file's functions exist; the writer's EXECUTE is granted here for the first apply.)
-revoke execute on function kb._source_enqueue() from public;
-revoke execute on function kb._source_enqueue_truncate() from public;
+-- The trigger functions and the catalog helpers run with their owner's rights. Firing a
+-- trigger checks no privilege on its function, so the application's roles need none; creating
+-- one takes EXECUTE, which only kbpg's writer role (whose members add sources) and the owner
+-- keep: no one else can hang kb.source_queue's writer on a table of their own (and the trigger
+-- queues only its source's table, a permanent one). The catalog helpers are the writer's way to
+-- change kb.table_sources, which it may only read. (sql/080 applies the roles' grants before this
+-- file's functions exist; on the first apply they are granted here, and PUBLIC's EXECUTE, which
+-- CREATE FUNCTION gives, taken away.)
 do $$
 declare
     s kb.access_settings;
+    f regprocedure;
+    writer text;
+    reader text;
 begin
     select * into s from kb.access_settings;
-    if s.writer_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.writer_role)) is not null then
-        execute format('grant execute on function kb._source_enqueue(), kb._source_enqueue_truncate() to %I',
-                       s.writer_role);
-    end if;
-    if s.reader_role is not null and pg_catalog.to_regrole(pg_catalog.quote_ident(s.reader_role)) is not null then
-        -- readers search; the sources' definitions, queue and parked rows are not theirs to read
-        execute format('revoke execute on function kb._source_enqueue(), kb._source_enqueue_truncate() from %I',
-                       s.reader_role);
-    end if;
+    select r.rolname into writer from pg_catalog.pg_roles r where r.oid = s.writer_oid;
+    select r.rolname into reader from pg_catalog.pg_roles r where r.oid = s.reader_oid;
+    for f in select p.oid::regprocedure from pg_catalog.pg_proc p
+              where p.pronamespace = 'kb'::regnamespace and p.prosecdef
+                and pg_catalog.starts_with(p.proname, '_source_') loop
+        execute format('revoke execute on function %s from public', f);
+        if writer is not null then
+            execute format('grant execute on function %s to %I', f, writer);
+        end if;
+        if reader is not null then
+            -- readers search; the sources' definitions, queue and parked rows are not theirs
+            execute format('revoke execute on function %s from %I', f, reader);
+        end if;
+    end loop;
 end
 $$;

@@ -69,7 +69,8 @@ MODEL_BACKOFF_S = (5.0, 60.0)
 SOURCE_BACKOFF_S = 60.0
 # SQLSTATEs that make one source unreadable, not the worker: insufficient privilege (or a
 # row-level security policy), undefined table, column or function, a key that no longer casts.
-_SOURCE_STATES = {"42501", "42P01", "42703", "42883", "42704", "22P02", "42804"}
+# KB010: kbpg's own, its table was dropped (the message names it, the hint what to run).
+_SOURCE_STATES = {"42501", "42P01", "42703", "42883", "42704", "22P02", "42804", "KB010"}
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,7 @@ class _Source:
     id: int
     name: str
     backfill_state: str
+    dropped: bool = False  # its table is gone
 
 
 @dataclass(frozen=True)
@@ -325,7 +327,7 @@ class _Worker:
     def load_sources(self) -> None:
         """The sources this worker serves, as they are now (in the caller's transaction)."""
         rows = self.conn.execute(queries.SYNC_SOURCES).fetchall()
-        known = {str(r[1]): _Source(int(r[0]), str(r[1]), str(r[2])) for r in rows}
+        known = {str(r[1]): _Source(int(r[0]), str(r[1]), str(r[2]), bool(r[4])) for r in rows}
         missing = [n for n in self.names if n not in known]
         if missing:
             raise NotFound(
@@ -355,6 +357,8 @@ class _Worker:
             if ids:
                 self.conn.execute(queries.SYNC_REQUEUE_ERRORS, (ids,))
                 claims = self._claim(ids, self.batch_rows)
+        for source_id in [i for i in ids if self.sources[i].dropped]:
+            self.check_table(self.sources[source_id])
         if not ids:
             return 0
         if len(claims) < self.batch_rows and self.backfill(ids):
@@ -364,6 +368,15 @@ class _Worker:
         elif self.index_deferred or time.monotonic() - self.last_index_check >= RECLAIM_EVERY_S:
             self.ensure_index()
         return len(claims)
+
+    def check_table(self, source: _Source) -> None:
+        """A source whose table was dropped is skipped, reported with what to run (its queued
+        rows, if any, wait: they are read again once the table is back)."""
+        try:
+            with self.reading(source), self.transaction():
+                self.conn.execute(queries.SYNC_CHECK_TABLE, (source.id,))
+        except _Unreadable as exc:
+            self.skip(source.id, exc)
 
     def reclaim(self) -> int:
         """Claims of workers that are gone, back in the queue; how many."""
@@ -463,9 +476,11 @@ class _Worker:
                 raise
             table, role = self._table_of(source)
             message = exc.diag.message_primary or str(exc)
-            raise _Unreadable(
-                source.name, message, _unreadable_hint(exc.sqlstate or "", source.name, table, role)
-            ) from None
+            # kbpg's own refusals say what to run (a dropped table: re-create it and resync)
+            hint = exc.diag.message_hint or _unreadable_hint(
+                exc.sqlstate or "", source.name, table, role
+            )
+            raise _Unreadable(source.name, message, hint) from None
 
     def skip(self, source_id: int, exc: _Unreadable) -> None:
         """A source whose table cannot be read waits SOURCE_BACKOFF_S; the others go on."""

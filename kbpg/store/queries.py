@@ -482,9 +482,14 @@ SYNC_LOCK: Final = "select pg_catalog.pg_try_advisory_lock(%s, %s)"
 SYNC_UNLOCK: Final = "select pg_catalog.pg_advisory_unlock(%s, %s)"
 SYNC_LISTEN: Final = f"listen {SYNC_CHANNEL}"
 SYNC_UNLISTEN: Final = f"unlisten {SYNC_CHANNEL}"
-SYNC_SOURCES: Final = (
-    "select id, name, backfill_state, key_columns from kb.table_sources order by name"
-)
+# dropped: the table is gone (kb._source_table raises, naming it and what to run)
+SYNC_SOURCES: Final = """
+select s.id, s.name, s.backfill_state, s.key_columns,
+       not exists (select 1 from pg_catalog.pg_class c where c.oid = s.relation) as dropped
+  from kb.table_sources s
+ order by s.name
+"""
+SYNC_CHECK_TABLE: Final = "select kb._source_table(s) from kb.table_sources s where s.id = %s"
 # a source's table (schema-qualified) and the role to grant it to: kbpg's writer role, or this one
 SYNC_SOURCE_TABLE: Final = """
 select pg_catalog.quote_ident(n.nspname) || '.' || pg_catalog.quote_ident(c.relname),

@@ -217,3 +217,68 @@ def test_a_watching_worker_is_woken_by_a_commit(
         worker.send_signal(signal.SIGTERM)
         worker.wait(60)
     assert worker.returncode == 0, log.read_text()
+
+
+def test_a_source_whose_table_is_dropped(db_url: str, cli_env: dict[str, str]) -> None:
+    """Issue 38, item 5: sync says so (exit 1, the reason, what to run), list/show name the table
+    "(dropped)", resync binds a table re-created under the name, remove works; its documents
+    stay searchable meanwhile."""
+    with kdb.connect(db_url, autocommit=True) as conn:
+        add_articles(conn)
+    _ok("sources", "add", "articles", "public.articles", "--text", "body", env=cli_env)
+    _ok("sync", env=cli_env)
+    with kdb.connect(db_url, autocommit=True) as conn:
+        conn.execute("drop table public.articles")
+        assert sorted(documents(conn)) == [f"table:articles/{i}" for i in (1, 2, 3)]
+
+    listed = _ok("sources", "list", env=cli_env).stdout.splitlines()
+    assert listed[1].split("\t")[:3] == ["articles", "public.articles (dropped)", "3"]
+    assert (
+        "table:\tpublic.articles (dropped)\n"
+        in _ok("sources", "show", "articles", env=cli_env).stdout
+    )
+    hint = (
+        "re-create public.articles and run: kbpg sources resync articles;  or: kbpg sources"
+        " remove articles (its documents stay searchable until then; --drop-documents deletes"
+        " them)"
+    )
+    synced = invoke_kbpg("sync", env=cli_env)
+    assert synced.returncode == 1
+    assert (
+        'Error: source articles could not be read: the table of table source "articles" was'
+        f" dropped (it was public.articles) (hint: {hint})"
+    ) in synced.stderr
+    assert synced.stderr.count("synced 0 rows") == 1
+    resynced = invoke_kbpg("sources", "resync", "articles", env=cli_env)
+    assert resynced.returncode == 1 and "Traceback" not in resynced.stderr
+    assert resynced.stderr == (
+        'Error: the table of table source "articles" was dropped (it was public.articles)\n'
+        f"Hint: {hint}\n"
+    )
+
+    # re-created under its name (row 2 gone, row 4 new): resync binds it, sync catches up
+    with kdb.connect(db_url, autocommit=True) as conn:
+        add_articles(conn, [(1, "One", "first body"), (3, "Three", "third body"),
+                            (4, "Four", "fourth body")])  # fmt: skip
+    _ok("sources", "resync", "articles", env=cli_env)
+    assert (
+        _ok("sync", env=cli_env)
+        .stderr.strip()
+        .splitlines()[-1]
+        .startswith("synced 3 rows: added 1, updated 2, unchanged 0, deleted 1,")
+    )
+    listed = _ok("sources", "list", env=cli_env).stdout.splitlines()
+    assert listed[1].split("\t")[:3] == ["articles", "public.articles", "3"]
+    with kdb.connect(db_url, autocommit=True) as conn:
+        assert sorted(documents(conn)) == [f"table:articles/{i}" for i in (1, 3, 4)]
+        # the trigger is on the new table: a change of it is queued
+        conn.execute("update public.articles set body = 'changed' where id = 4")
+        assert count(conn, "select count(*) from kb.source_queue") == 1
+        conn.execute("drop table public.articles")
+
+    # remove works on a source whose table is gone; its documents go with --drop-documents
+    removed = _ok("sources", "remove", "articles", "--drop-documents", env=cli_env)
+    assert "removed source articles" in removed.stdout + removed.stderr
+    with kdb.connect(db_url, autocommit=True) as conn:
+        assert documents(conn) == {}
+        assert count(conn, "select count(*) from kb.table_sources") == 0

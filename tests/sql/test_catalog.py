@@ -142,6 +142,18 @@ READER_API = {
 # statement kb._source_change_sql builds, executed), and no reader may execute them. Nothing else
 # may be SECURITY DEFINER.
 SOURCE_TRIGGERS = {"kb._source_enqueue()", "kb._source_enqueue_truncate()"}
+# The catalog's writers (issue 38): kb.table_sources is the owner's, writers change it through
+# these, each checking its caller and its arguments (tests/sql/test_definer_functions.py says
+# what each evaluates). No reader may execute them.
+SOURCE_CATALOG = {
+    "kb._source_catalog_insert(text,regclass,text,text,text,text,text,text,text[],boolean)",
+    "kb._source_catalog_define(integer,text,text,text,text,text,text[],boolean)",
+    "kb._source_catalog_reset(integer)",
+    "kb._source_catalog_delete(integer)",
+    "kb._source_catalog_rebind(integer,regclass)",
+    "kb._source_backfill_lock(integer)",
+    "kb._source_backfill_save(integer,text,text[],bigint,bigint)",
+}
 
 
 def test_every_function_pins_search_path_and_only_the_reader_api_is_security_definer(functions):
@@ -155,6 +167,18 @@ def test_every_function_pins_search_path_and_only_the_reader_api_is_security_def
             executed = re.findall(r"\bexecute\s+(\w+)", code, re.I)
             assert set(executed) <= {"statement"}, (name, executed)
             assert ("statement := kb._source_change_sql(" in source) == bool(executed), name
+        elif name in SOURCE_CATALOG:
+            assert secdef, name
+            code = re.sub(r"'(?:[^']|'')*'", "''", re.sub(r"--[^\n]*", "", source))
+            # first of all: who calls
+            assert (
+                code.split("begin", 1)[1].lstrip().startswith("perform kb._source_check_writer();")
+            ), name
+            assert not re.search(r"\bexecute\b", code, re.I), name
+            written = set(
+                re.findall(r"(?:insert\s+into|update|delete\s+from)\s+(kb\.\w+)", code, re.I)
+            )
+            assert written <= {"kb.table_sources"}, (name, written)
         else:
             assert bool(secdef) == (name.split("(")[0] in READER_API), (
                 f"{name}: SECURITY DEFINER {secdef}"
@@ -335,14 +359,15 @@ def test_security_definer_functions_belong_to_the_owner_and_not_to_public(conn):
         " where p.pronamespace = 'kb'::regnamespace and p.prosecdef"
         "   and c.oid = 'kb.chunks'::regclass"
     ).fetchall()
-    assert {r[0].split("(")[0] for r in rows if r[0] not in SOURCE_TRIGGERS} == READER_API
-    assert {r[0] for r in rows if r[0] in SOURCE_TRIGGERS} == SOURCE_TRIGGERS
+    sources = SOURCE_TRIGGERS | SOURCE_CATALOG
+    assert {r[0].split("(")[0] for r in rows if r[0] not in sources} == READER_API
+    assert {r[0] for r in rows if r[0] in sources} == sources
     languages = dict(conn.execute("select oid, lanname from pg_language").fetchall())
     for name, owned, config, public, reader, writer, lang in rows:
         assert owned, name
         assert not public, f"{name}: PUBLIC may execute it"
         # the source triggers: the writer role (whose members add sources) creates them
-        assert (reader, writer) == (name not in SOURCE_TRIGGERS, True), name
+        assert (reader, writer) == (name not in sources, True), name
         assert languages[lang] in ("sql", "plpgsql"), name
         assert "client_min_messages=notice" in config, name
 
