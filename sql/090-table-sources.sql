@@ -429,7 +429,14 @@ comment on function kb._source_text_sql(regclass, text, text) is
     'SQL for a column''s value as text that runs none of the application''s code: to_jsonb ->> '
     'for a built-in type, format(''%s'') (the type''s output function) for any other.';
 
-create or replace function kb._source_change_sql(source_id integer, new_rows text, old_rows text)
+create or replace function kb._source_change_template(
+    source_id integer,
+    new_rows text,
+    old_rows text,
+    id_sql text,
+    op_sql text,
+    keys_by_output boolean
+)
 returns text
 language plpgsql
 stable
@@ -442,39 +449,48 @@ declare
     new_key text;
     old_key text;
 begin
-    select * into s from kb.table_sources t where t.id = _source_change_sql.source_id;
+    select * into s from kb.table_sources t where t.id = _source_change_template.source_id;
     read_columns := array(select distinct c
                             from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
                                                          s.category_column, s.labels_column]
                                                    || s.metadata_columns) as c
                            where c is not null and c <> all (s.key_columns)
                            order by c);
-    new_key := (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'n'), ', ' order by k.n)
+    -- keys_by_output: the output text of the key columns (kb._source_output_keys says it is the
+    -- text kb._source_text_sql gives them), whatever their type becomes: the plan of a compiled trigger
+    -- outlives a change of type of its columns
+    new_key := (select 'array[' || pg_catalog.string_agg(
+                           case when keys_by_output then format('pg_catalog.format(''%%s'', n.%I)', k.c)
+                                else kb._source_text_sql(s.relation, k.c, 'n') end, ', ' order by k.n)
                        || ']::text[]'
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
-    old_key := (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'o'), ', ' order by k.n)
+    old_key := (select 'array[' || pg_catalog.string_agg(
+                           case when keys_by_output then format('pg_catalog.format(''%%s'', o.%I)', k.c)
+                                else kb._source_text_sql(s.relation, k.c, 'o') end, ', ' order by k.n)
                        || ']::text[]'
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
     if new_rows is not null and old_rows is null then
-        return format('insert into kb.source_queue (source_id, key, op) select $1, %s, $4 from %s as n '
-                      'on conflict do nothing', new_key, new_rows);
+        return format('insert into kb.source_queue (source_id, key, op) select %s, %s, %s from %s as n '
+                      'on conflict do nothing', id_sql, new_key, op_sql, new_rows);
     elsif old_rows is not null and new_rows is null then
-        return format('insert into kb.source_queue (source_id, key, op) select $1, %s, ''D'' from %s as o '
-                      'on conflict do nothing', old_key, old_rows);
+        return format('insert into kb.source_queue (source_id, key, op) select %s, %s, ''D'' from %s as o '
+                      'on conflict do nothing', id_sql, old_key, old_rows);
     end if;
+    -- (the text of the values is compared by its MD5: the rows of a statement are sorted or hashed with 32
+    -- bytes each rather than their text)
     -- an update: rows paired by the text of their keys; a key only the old rows have is deleted,
     -- one only the new rows have is new, one both have is queued when a column the source reads
     -- has another text (from the output function of its type: no equality operator of the
     -- application is called)
     return format(
         'insert into kb.source_queue (source_id, key, op) '
-        'select $1, coalesce(n.key, o.key), case when n.key is null then ''D'' else ''U'' end '
-        '  from (select %s as key, array[%s]::text[] as v from %s as o) as o '
-        '  full join (select %s as key, array[%s]::text[] as v from %s as n) as n '
+        'select %s, coalesce(n.key, o.key), case when n.key is null then ''D'' else ''U'' end '
+        '  from (select %s as key, pg_catalog.md5(pg_catalog.array_out(array[%s]::text[])::text) as v from %s as o) as o '
+        '  full join (select %s as key, pg_catalog.md5(pg_catalog.array_out(array[%s]::text[])::text) as v from %s as n) as n '
         '    on n.key operator(pg_catalog.=) o.key '
         ' where n.key is null or o.key is null or n.v is distinct from o.v '
         'on conflict do nothing',
-        old_key,
+        id_sql, old_key,
         coalesce((select pg_catalog.string_agg(format('case when o.%1$I is null then null else pg_catalog.format(''%%s'', o.%1$I) end', c), ', ')
                     from pg_catalog.unnest(read_columns) as c), ''),
         old_rows, new_key,
@@ -483,6 +499,19 @@ begin
         new_rows);
 end
 $$;
+comment on function kb._source_change_template(integer, text, text, text, text, boolean) is
+    'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
+    'the row sets (transition tables) it reads, id_sql and op_sql the SQL of the source''s id and '
+    'of a new row''s op; keys as kb._source_text_sql gives them, or (keys_by_output) by their '
+    'output function; compared values taken as text by format(''%s'') only.';
+
+create or replace function kb._source_change_sql(source_id integer, new_rows text, old_rows text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return kb._source_change_template(source_id, new_rows, old_rows, '$1', '$4', false);
 comment on function kb._source_change_sql(integer, text, text) is
     'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
     'the row sets (transition tables) it reads ($1 the source''s id, $4 the op of a new row); '
@@ -586,6 +615,78 @@ comment on function kb._source_enqueue_truncate() is
     'Statement trigger of a table source on TRUNCATE: queues the source''s empty key, whose worker '
     'deletes the documents of rows that are gone (42501 on a table that is not its source''s).';
 
+-- -- compiled triggers ------------------------------------------------------------------------
+--
+-- kb._source_enqueue builds its INSERT for every statement and EXECUTEs it: planned each time
+-- (~0.4 ms of a single-row UPDATE's ~0.5 ms overhead, issue 38). A source on a plain table whose
+-- key columns are all of types whose output text is the key's text gets a trigger function of
+-- its own instead, kb._source_enqueue_<id>(), whose statements are static SQL: PL/pgSQL plans
+-- them once per session and table. It is generated by kb._source_catalog_compile from the
+-- catalog only (identifiers through %I, the body passed as one quoted literal), reads the rows
+-- with output functions only (format('%s'), keys included: the plan outlives an ALTER TABLE of a
+-- column's type, and an output function is never the application's, see kb._source_text_sql),
+-- and raises when fired on another table or not per statement. A partitioned table (row
+-- triggers) and any other key keep kb._source_enqueue.
+
+create or replace function kb._source_compiled_name(source_id integer)
+returns text
+language sql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+return '_source_enqueue_' || source_id;
+comment on function kb._source_compiled_name(integer) is
+    'The name in schema kb of a table source''s compiled trigger function.';
+
+create or replace function kb._source_compile_sql(source_id integer)
+returns text
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+    body text;
+begin
+    select * into s from kb.table_sources t where t.id = _source_compile_sql.source_id;
+    body := pg_catalog.concat_ws(E'\n',
+        '-- generated by kb._source_catalog_compile for table source ' || pg_catalog.quote_literal(s.name)
+            || ' (its table''s OID ' || s.relation::oid || '); see sql/090-table-sources.sql',
+        'declare',
+        '    queued bigint;',
+        'begin',
+        '    if tg_relid operator(pg_catalog.<>) ' || s.relation::oid || '::pg_catalog.oid'
+            || ' or tg_level operator(pg_catalog.<>) ''STATEMENT'' then',
+        '        raise exception ''trigger % on % does not belong to table source %'', tg_name,'
+            || ' tg_relid::pg_catalog.regclass, ' || pg_catalog.quote_literal(pg_catalog.quote_ident(s.name)),
+        '            using errcode = ''42501'','
+            || ' hint = ''kbpg''''s triggers are created by kb.add_table_source and queue only their own table''''s rows'';',
+        '    end if;',
+        '    if tg_op operator(pg_catalog.=) ''INSERT'' then',
+        '        ' || kb._source_change_template(s.id, 'kbpg_new', null, s.id::text, '''I''', true) || ';',
+        '    elsif tg_op operator(pg_catalog.=) ''DELETE'' then',
+        '        ' || kb._source_change_template(s.id, null, 'kbpg_old', s.id::text, null, true) || ';',
+        '    else',
+        '        ' || kb._source_change_template(s.id, 'kbpg_new', 'kbpg_old', s.id::text, '''U''', true) || ';',
+        '    end if;',
+        '    get diagnostics queued = row_count;',
+        -- as kb._source_enqueue: no payload, and no NOTIFY near a full notification queue
+        '    if queued > 0 and ' || s.notify::text
+            || ' and pg_catalog.pg_notification_queue_usage() < 0.5 then',
+        '        perform pg_catalog.pg_notify(''kbpg_sync'', '''');',
+        '    end if;',
+        '    return null;',
+        'end');
+    return format('create or replace function kb.%I() returns trigger language plpgsql volatile '
+                  'security definer set search_path = pg_catalog, pg_temp set client_min_messages = notice '
+                  'as %L', kb._source_compiled_name(s.id), body);
+end
+$$;
+comment on function kb._source_compile_sql(integer) is
+    'The CREATE FUNCTION of a table source''s compiled trigger function (static statements from '
+    'kb._source_change_template, keys by their output function; NOTIFY as the source says).';
+
 create or replace function kb._source_trigger_names(source_name text)
 returns text[]
 language sql
@@ -610,6 +711,8 @@ declare
     s kb.table_sources;
     prefix text;
     t text;
+    compiled regprocedure;
+    call text;
 begin
     select * into s from kb.table_sources t where t.id = _source_triggers.source_id;
     prefix := 'kbpg_' || s.name;
@@ -627,16 +730,19 @@ begin
                        prefix || '_delete', s.relation, s.id);
     else
         -- one trigger an event: PostgreSQL takes transition tables neither with several events
-        -- nor with UPDATE OF (an update that changed nothing the source reads queues nothing)
+        -- nor with UPDATE OF (an update that changed nothing the source reads queues nothing).
+        -- The source's compiled function where it has one, else kb._source_enqueue(id)
+        compiled := kb._source_catalog_compile(s.id);
+        call := coalesce(compiled::text, format('kb._source_enqueue(%L)', s.id));
         execute format('create trigger %I after insert on %s referencing new table as kbpg_new '
-                       'for each statement execute function kb._source_enqueue(%L)',
-                       prefix || '_insert', s.relation, s.id);
+                       'for each statement execute function %s',
+                       prefix || '_insert', s.relation, call);
         execute format('create trigger %I after update on %s referencing old table as kbpg_old '
-                       'new table as kbpg_new for each statement execute function kb._source_enqueue(%L)',
-                       prefix || '_update', s.relation, s.id);
+                       'new table as kbpg_new for each statement execute function %s',
+                       prefix || '_update', s.relation, call);
         execute format('create trigger %I after delete on %s referencing old table as kbpg_old '
-                       'for each statement execute function kb._source_enqueue(%L)',
-                       prefix || '_delete', s.relation, s.id);
+                       'for each statement execute function %s',
+                       prefix || '_delete', s.relation, call);
     end if;
     execute format('create trigger %I after truncate on %s for each statement '
                    'execute function kb._source_enqueue_truncate(%L)',
@@ -967,11 +1073,59 @@ begin
     if not found then
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
+    -- its compiled trigger function, and with it any trigger its table's owner left on it
+    execute format('drop function if exists kb.%I() cascade', kb._source_compiled_name(source_id));
 end
 $$;
 comment on function kb._source_catalog_delete(integer) is
     'Delete a table source''s catalog row (kb.remove_table_source''s write; the owner''s rights): '
     'checks the caller is a writer.';
+
+create or replace function kb._source_catalog_compile(source_id integer)
+returns regprocedure
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+    name text := kb._source_compiled_name(source_id);
+    writer text;
+    compiled regprocedure;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_catalog_compile.source_id;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    -- whoever calls (kb._source_triggers) may put triggers on the table, a permanent one
+    perform kb._source_check_trigger_privilege(kb._source_table(s));
+    if (select c.relkind from pg_catalog.pg_class c where c.oid = s.relation) <> 'r'
+       or not kb._source_output_keys(s.id) then
+        -- kb._source_enqueue serves it; a compiled function of an earlier definition goes, with
+        -- any trigger left on it
+        execute format('drop function if exists kb.%I() cascade', name);
+        return null;
+    end if;
+    execute kb._source_compile_sql(s.id);
+    compiled := format('kb.%I()', name)::regprocedure;
+    -- creating a trigger takes EXECUTE: the writer role's (whose members add sources) and the owner's
+    execute format('revoke execute on function %s from public', compiled);
+    select r.rolname into writer
+      from kb.access_settings a join pg_catalog.pg_roles r on r.oid = a.writer_oid;
+    if writer is not null then
+        execute format('grant execute on function %s to %I', compiled, writer);
+    end if;
+    return compiled;
+end
+$$;
+comment on function kb._source_catalog_compile(integer) is
+    'Create (or replace) a table source''s compiled trigger function from the catalog and return '
+    'it, or drop it and return NULL when kb._source_enqueue is to serve the source (a partitioned '
+    'table, a key of another type); the owner''s rights, for a writer who may put triggers on the '
+    'table.';
 
 create or replace function kb._source_backfill_lock(source_id integer)
 returns kb.table_sources
@@ -1392,6 +1546,24 @@ return (with recursive d(oid, n) as (
         select d.oid from d order by d.n desc limit 1);
 comment on function kb._source_base_type(regclass, text) is
     'A column''s type, or its domain''s base type (through domains over domains).';
+
+create or replace function kb._source_output_keys(source_id integer)
+returns boolean
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- to_jsonb(v) #>> '{}' (the text kb._source_text_sql queues a built-in key by) is the output
+-- text for these: integers, numeric, text, varchar and uuid (through domains)
+return (select pg_catalog.bool_and(kb._source_base_type(s.relation, k.c) in
+                                   ('int2'::regtype::oid, 'int4'::regtype::oid, 'int8'::regtype::oid,
+                                    'numeric'::regtype::oid, 'text'::regtype::oid, 'varchar'::regtype::oid,
+                                    'uuid'::regtype::oid))
+          from kb.table_sources s, pg_catalog.unnest(s.key_columns) as k(c)
+         where s.id = _source_output_keys.source_id);
+comment on function kb._source_output_keys(integer) is
+    'Whether every key column of a table source is of a type (through domains) whose output text '
+    'is the text the source''s keys are queued by: then its trigger can be compiled.';
 
 create or replace function kb._source_column_sql(relation regclass, column_name text, alias text)
 returns text
