@@ -429,13 +429,96 @@ comment on function kb._source_text_sql(regclass, text, text) is
     'SQL for a column''s value as text that runs none of the application''s code: to_jsonb ->> '
     'for a built-in type, format(''%s'') (the type''s output function) for any other.';
 
+create or replace function kb._source_base_type(relation regclass, column_name text)
+returns oid
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (with recursive d(oid, n) as (
+            select a.atttypid, 0 from pg_catalog.pg_attribute a
+             where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped
+            union all
+            select y.typbasetype, d.n + 1 from d join pg_catalog.pg_type y on y.oid = d.oid
+             where y.typtype = 'd' and d.n < 20)
+        select d.oid from d order by d.n desc limit 1);
+comment on function kb._source_base_type(regclass, text) is
+    'A column''s type, or its domain''s base type (through domains over domains).';
+
+create or replace function kb._source_read_columns(source_id integer)
+returns text[]
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (select array(select distinct c
+                       from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
+                                                    s.category_column, s.labels_column]
+                                              || s.metadata_columns) as c
+                      where c is not null and c <> all (s.key_columns)
+                      order by c)
+          from kb.table_sources s where s.id = _source_read_columns.source_id);
+comment on function kb._source_read_columns(integer) is
+    'The columns a table source reads besides its key, by name: what an UPDATE is compared by.';
+
+create or replace function kb._source_types_changed_sql(source_id integer)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- by attribute number and type OID: a static query on pg_attribute's index, planned once
+return (select format('(select pg_catalog.array_agg(a.atttypid order by a.attnum) from pg_catalog.pg_attribute a '
+                      'where a.attrelid operator(pg_catalog.=) %s::pg_catalog.oid '
+                      'and a.attnum operator(pg_catalog.=) any (%L::pg_catalog.int2[]) and not a.attisdropped) '
+                      'is distinct from %L::pg_catalog.oid[]',
+                      s.relation::oid,
+                      pg_catalog.array_agg(a.attnum order by a.attnum)::text,
+                      pg_catalog.array_agg(a.atttypid order by a.attnum)::text)
+          from kb.table_sources s
+          join pg_catalog.pg_attribute a
+            on a.attrelid = s.relation and a.attnum > 0 and not a.attisdropped
+           and a.attname = any (s.key_columns || kb._source_read_columns(s.id))
+         where s.id = _source_types_changed_sql.source_id
+         group by s.relation);
+comment on function kb._source_types_changed_sql(integer) is
+    'SQL that is true once a column a table source reads (its key included) has another type, or '
+    'is gone, since this was built: a compiled trigger''s statements are built for those types.';
+
+create or replace function kb._source_compare_sql(relation regclass, column_name text, ordinal integer)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether the value in column v<ordinal> of o (old rows) and n (new rows) differs. For a type
+-- whose built-in equality holds exactly when the output text is the same (no 1.0 = 1.00, no
+-- '1 day' = '24 hours', no -0 = 0), its operator, found in pg_catalog (operators are never looked
+-- up in pg_temp) and, for text, under the "C" collation (a nondeterministic collation of the
+-- application's could call 'A' and 'a' equal). Any other type by its output text, format('%s').
+return (select case
+                   when b in ('text'::regtype::oid, 'varchar'::regtype::oid, 'text[]'::regtype::oid,
+                              'varchar[]'::regtype::oid)
+                   then format('n.v%1$s collate pg_catalog."C" is distinct from o.v%1$s collate pg_catalog."C"', ordinal)
+                   when b in ('int2'::regtype::oid, 'int4'::regtype::oid, 'int8'::regtype::oid,
+                              'bool'::regtype::oid, 'uuid'::regtype::oid, 'date'::regtype::oid,
+                              'timestamp'::regtype::oid, 'timestamptz'::regtype::oid,
+                              'int4[]'::regtype::oid, 'int8[]'::regtype::oid)
+                   then format('n.v%1$s is distinct from o.v%1$s', ordinal)
+                   else format('(case when n.v%1$s is null then null else pg_catalog.format(''%%s'', n.v%1$s) end) '
+                               'is distinct from (case when o.v%1$s is null then null else pg_catalog.format(''%%s'', o.v%1$s) end)',
+                               ordinal) end
+          from (select kb._source_base_type(relation, column_name) as b) as t);
+comment on function kb._source_compare_sql(regclass, text, integer) is
+    'SQL for "column v<ordinal> of o and n differ": the built-in equality of a type whose equal '
+    'values have the same output text (text under "C"), else the output texts compared.';
+
 create or replace function kb._source_change_template(
     source_id integer,
     new_rows text,
     old_rows text,
     id_sql text,
-    op_sql text,
-    keys_by_output boolean
+    op_sql text
 )
 returns text
 language plpgsql
@@ -446,64 +529,62 @@ as $$
 declare
     s kb.table_sources;
     read_columns text[];
+    single boolean;
     new_key text;
     old_key text;
 begin
     select * into s from kb.table_sources t where t.id = _source_change_template.source_id;
-    read_columns := array(select distinct c
-                            from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
-                                                         s.category_column, s.labels_column]
-                                                   || s.metadata_columns) as c
-                           where c is not null and c <> all (s.key_columns)
-                           order by c);
-    -- keys_by_output: the output text of the key columns (kb._source_output_keys says it is the
-    -- text kb._source_text_sql gives them), whatever their type becomes: the plan of a compiled trigger
-    -- outlives a change of type of its columns
-    new_key := (select 'array[' || pg_catalog.string_agg(
-                           case when keys_by_output then format('pg_catalog.format(''%%s'', n.%I)', k.c)
-                                else kb._source_text_sql(s.relation, k.c, 'n') end, ', ' order by k.n)
-                       || ']::text[]'
+    read_columns := kb._source_read_columns(s.id);
+    -- one key column: its text pairs the rows (hashed or sorted as text), made an array to queue
+    single := pg_catalog.cardinality(s.key_columns) = 1;
+    new_key := (select case when single then pg_catalog.min(kb._source_text_sql(s.relation, k.c, 'n'))
+                            else 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'n'), ', ' order by k.n)
+                                 || ']::text[]' end
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
-    old_key := (select 'array[' || pg_catalog.string_agg(
-                           case when keys_by_output then format('pg_catalog.format(''%%s'', o.%I)', k.c)
-                                else kb._source_text_sql(s.relation, k.c, 'o') end, ', ' order by k.n)
-                       || ']::text[]'
+    old_key := (select case when single then pg_catalog.min(kb._source_text_sql(s.relation, k.c, 'o'))
+                            else 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'o'), ', ' order by k.n)
+                                 || ']::text[]' end
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
     if new_rows is not null and old_rows is null then
         return format('insert into kb.source_queue (source_id, key, op) select %s, %s, %s from %s as n '
-                      'on conflict do nothing', id_sql, new_key, op_sql, new_rows);
+                      'on conflict do nothing', id_sql,
+                      case when single then 'array[' || new_key || ']::text[]' else new_key end, op_sql, new_rows);
     elsif old_rows is not null and new_rows is null then
         return format('insert into kb.source_queue (source_id, key, op) select %s, %s, ''D'' from %s as o '
-                      'on conflict do nothing', id_sql, old_key, old_rows);
+                      'on conflict do nothing', id_sql,
+                      case when single then 'array[' || old_key || ']::text[]' else old_key end, old_rows);
     end if;
-    -- (the text of the values is compared by its MD5: the rows of a statement are sorted or hashed with 32
-    -- bytes each rather than their text)
     -- an update: rows paired by the text of their keys; a key only the old rows have is deleted,
     -- one only the new rows have is new, one both have is queued when a column the source reads
-    -- has another text (from the output function of its type: no equality operator of the
-    -- application is called)
+    -- differs (kb._source_compare_sql: built-in equality or the output text; no operator or cast
+    -- of the application is called)
     return format(
         'insert into kb.source_queue (source_id, key, op) '
-        'select %s, coalesce(n.key, o.key), case when n.key is null then ''D'' else ''U'' end '
-        '  from (select %s as key, pg_catalog.md5(pg_catalog.array_out(array[%s]::text[])::text) as v from %s as o) as o '
-        '  full join (select %s as key, pg_catalog.md5(pg_catalog.array_out(array[%s]::text[])::text) as v from %s as n) as n '
+        'select %1$s, %2$s, case when n.key is null then ''D'' else ''U'' end '
+        '  from (select %3$s as key%4$s from %5$s as o) as o '
+        '  full join (select %6$s as key%7$s from %8$s as n) as n '
         '    on n.key operator(pg_catalog.=) o.key '
-        ' where n.key is null or o.key is null or n.v is distinct from o.v '
+        ' where n.key is null or o.key is null%9$s '
         'on conflict do nothing',
-        id_sql, old_key,
-        coalesce((select pg_catalog.string_agg(format('case when o.%1$I is null then null else pg_catalog.format(''%%s'', o.%1$I) end', c), ', ')
-                    from pg_catalog.unnest(read_columns) as c), ''),
-        old_rows, new_key,
-        coalesce((select pg_catalog.string_agg(format('case when n.%1$I is null then null else pg_catalog.format(''%%s'', n.%1$I) end', c), ', ')
-                    from pg_catalog.unnest(read_columns) as c), ''),
-        new_rows);
+        id_sql,
+        case when single then 'array[coalesce(n.key, o.key)]::text[]' else 'coalesce(n.key, o.key)' end,
+        old_key,
+        coalesce((select pg_catalog.string_agg(format(', o.%I as v%s', c.name, c.n), '' order by c.n)
+                    from pg_catalog.unnest(read_columns) with ordinality as c(name, n)), ''),
+        old_rows,
+        new_key,
+        coalesce((select pg_catalog.string_agg(format(', n.%I as v%s', c.name, c.n), '' order by c.n)
+                    from pg_catalog.unnest(read_columns) with ordinality as c(name, n)), ''),
+        new_rows,
+        coalesce((select pg_catalog.string_agg(' or ' || kb._source_compare_sql(s.relation, c.name, c.n::integer), '' order by c.n)
+                    from pg_catalog.unnest(read_columns) with ordinality as c(name, n)), ''));
 end
 $$;
-comment on function kb._source_change_template(integer, text, text, text, text, boolean) is
+comment on function kb._source_change_template(integer, text, text, text, text) is
     'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
     'the row sets (transition tables) it reads, id_sql and op_sql the SQL of the source''s id and '
-    'of a new row''s op; keys as kb._source_text_sql gives them, or (keys_by_output) by their '
-    'output function; compared values taken as text by format(''%s'') only.';
+    'of a new row''s op: keys as kb._source_text_sql gives them, an UPDATE''s rows paired by key '
+    'and compared by kb._source_compare_sql, for the column types of this moment.';
 
 create or replace function kb._source_change_sql(source_id integer, new_rows text, old_rows text)
 returns text
@@ -511,7 +592,7 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return kb._source_change_template(source_id, new_rows, old_rows, '$1', '$4', false);
+return kb._source_change_template(source_id, new_rows, old_rows, '$1', '$4');
 comment on function kb._source_change_sql(integer, text, text) is
     'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
     'the row sets (transition tables) it reads ($1 the source''s id, $4 the op of a new row); '
@@ -617,16 +698,15 @@ comment on function kb._source_enqueue_truncate() is
 
 -- -- compiled triggers ------------------------------------------------------------------------
 --
--- kb._source_enqueue builds its INSERT for every statement and EXECUTEs it: planned each time
--- (~0.4 ms of a single-row UPDATE's ~0.5 ms overhead, issue 38). A source on a plain table whose
--- key columns are all of types whose output text is the key's text gets a trigger function of
--- its own instead, kb._source_enqueue_<id>(), whose statements are static SQL: PL/pgSQL plans
--- them once per session and table. It is generated by kb._source_catalog_compile from the
--- catalog only (identifiers through %I, the body passed as one quoted literal), reads the rows
--- with output functions only (format('%s'), keys included: the plan outlives an ALTER TABLE of a
--- column's type, and an output function is never the application's, see kb._source_text_sql),
--- and raises when fired on another table or not per statement. A partitioned table (row
--- triggers) and any other key keep kb._source_enqueue.
+-- kb._source_enqueue builds its INSERT for every statement and EXECUTEs it, planned each time:
+-- ~0.4 ms of a single-row UPDATE's ~0.5 ms overhead (issue 38). A source on a plain table gets
+-- a trigger function of its own instead, kb._source_enqueue_<id>(), whose statements are static
+-- SQL that PL/pgSQL plans once per session. kb._source_catalog_compile generates it from the
+-- catalog only (identifiers through %I, the body passed as one quoted literal). It runs the same
+-- statements kb._source_enqueue would build (kb._source_change_template) while the columns keep
+-- the types they were built for (one look at pg_attribute a statement), and builds them anew
+-- when an ALTER TABLE changed one; it raises when fired on another table or per row. A
+-- partitioned table (row triggers) keeps kb._source_enqueue.
 
 create or replace function kb._source_compiled_name(source_id integer)
 returns text
@@ -663,12 +743,19 @@ begin
         '            using errcode = ''42501'','
             || ' hint = ''kbpg''''s triggers are created by kb.add_table_source and queue only their own table''''s rows'';',
         '    end if;',
-        '    if tg_op operator(pg_catalog.=) ''INSERT'' then',
-        '        ' || kb._source_change_template(s.id, 'kbpg_new', null, s.id::text, '''I''', true) || ';',
+        -- the statements below were built for these column types; once one has another type,
+        -- the statement is built for the types of now, as kb._source_enqueue does
+        '    if ' || kb._source_types_changed_sql(s.id) || ' then',
+        '        execute kb._source_change_sql(' || s.id || ', case when tg_op operator(pg_catalog.<>) ''DELETE'''
+            || ' then ''kbpg_new'' end, case when tg_op operator(pg_catalog.<>) ''INSERT'' then ''kbpg_old'' end)',
+        '            using ' || s.id || ', null::text, null::text,'
+            || ' case tg_op when ''INSERT'' then ''I'' else ''U'' end;',
+        '    elsif tg_op operator(pg_catalog.=) ''INSERT'' then',
+        '        ' || kb._source_change_template(s.id, 'kbpg_new', null, s.id::text, '''I''') || ';',
         '    elsif tg_op operator(pg_catalog.=) ''DELETE'' then',
-        '        ' || kb._source_change_template(s.id, null, 'kbpg_old', s.id::text, null, true) || ';',
+        '        ' || kb._source_change_template(s.id, null, 'kbpg_old', s.id::text, null) || ';',
         '    else',
-        '        ' || kb._source_change_template(s.id, 'kbpg_new', 'kbpg_old', s.id::text, '''U''', true) || ';',
+        '        ' || kb._source_change_template(s.id, 'kbpg_new', 'kbpg_old', s.id::text, '''U''') || ';',
         '    end if;',
         '    get diagnostics queued = row_count;',
         -- as kb._source_enqueue: no payload, and no NOTIFY near a full notification queue
@@ -678,14 +765,18 @@ begin
         '    end if;',
         '    return null;',
         'end');
+    -- enable_mergejoin off: an UPDATE pairs its old and new rows by hashing their keys (the
+    -- transition tables have no statistics; sorting both was the slower plan)
     return format('create or replace function kb.%I() returns trigger language plpgsql volatile '
                   'security definer set search_path = pg_catalog, pg_temp set client_min_messages = notice '
-                  'as %L', kb._source_compiled_name(s.id), body);
+                  'set enable_mergejoin = off as %L', kb._source_compiled_name(s.id), body);
 end
 $$;
 comment on function kb._source_compile_sql(integer) is
-    'The CREATE FUNCTION of a table source''s compiled trigger function (static statements from '
-    'kb._source_change_template, keys by their output function; NOTIFY as the source says).';
+    'The CREATE FUNCTION of a table source''s compiled trigger function: static statements from '
+    'kb._source_change_template, run while the columns keep the types they were built for '
+    '(kb._source_types_changed_sql), else built as kb._source_enqueue builds them; NOTIFY as '
+    'the source says.';
 
 create or replace function kb._source_trigger_names(source_name text)
 returns text[]
@@ -1102,8 +1193,7 @@ begin
     end if;
     -- whoever calls (kb._source_triggers) may put triggers on the table, a permanent one
     perform kb._source_check_trigger_privilege(kb._source_table(s));
-    if (select c.relkind from pg_catalog.pg_class c where c.oid = s.relation) <> 'r'
-       or not kb._source_output_keys(s.id) then
+    if (select c.relkind from pg_catalog.pg_class c where c.oid = s.relation) <> 'r' then
         -- kb._source_enqueue serves it; a compiled function of an earlier definition goes, with
         -- any trigger left on it
         execute format('drop function if exists kb.%I() cascade', name);
@@ -1124,8 +1214,7 @@ $$;
 comment on function kb._source_catalog_compile(integer) is
     'Create (or replace) a table source''s compiled trigger function from the catalog and return '
     'it, or drop it and return NULL when kb._source_enqueue is to serve the source (a partitioned '
-    'table, a key of another type); the owner''s rights, for a writer who may put triggers on the '
-    'table.';
+    'table); the owner''s rights, for a writer who may put triggers on the table.';
 
 create or replace function kb._source_backfill_lock(source_id integer)
 returns kb.table_sources
@@ -1531,39 +1620,7 @@ return (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation,
 comment on function kb._source_key_sql(integer, text) is
     'SQL for a row''s key as text[] (the text the triggers queue), for table alias `alias`.';
 
-create or replace function kb._source_base_type(relation regclass, column_name text)
-returns oid
-language sql
-stable
-security invoker
-set search_path = pg_catalog, pg_temp
-return (with recursive d(oid, n) as (
-            select a.atttypid, 0 from pg_catalog.pg_attribute a
-             where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped
-            union all
-            select y.typbasetype, d.n + 1 from d join pg_catalog.pg_type y on y.oid = d.oid
-             where y.typtype = 'd' and d.n < 20)
-        select d.oid from d order by d.n desc limit 1);
-comment on function kb._source_base_type(regclass, text) is
-    'A column''s type, or its domain''s base type (through domains over domains).';
 
-create or replace function kb._source_output_keys(source_id integer)
-returns boolean
-language sql
-stable
-security invoker
-set search_path = pg_catalog, pg_temp
--- to_jsonb(v) #>> '{}' (the text kb._source_text_sql queues a built-in key by) is the output
--- text for these: integers, numeric, text, varchar and uuid (through domains)
-return (select pg_catalog.bool_and(kb._source_base_type(s.relation, k.c) in
-                                   ('int2'::regtype::oid, 'int4'::regtype::oid, 'int8'::regtype::oid,
-                                    'numeric'::regtype::oid, 'text'::regtype::oid, 'varchar'::regtype::oid,
-                                    'uuid'::regtype::oid))
-          from kb.table_sources s, pg_catalog.unnest(s.key_columns) as k(c)
-         where s.id = _source_output_keys.source_id);
-comment on function kb._source_output_keys(integer) is
-    'Whether every key column of a table source is of a type (through domains) whose output text '
-    'is the text the source''s keys are queued by: then its trigger can be compiled.';
 
 create or replace function kb._source_column_sql(relation regclass, column_name text, alias text)
 returns text
