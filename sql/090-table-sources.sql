@@ -429,7 +429,97 @@ comment on function kb._source_text_sql(regclass, text, text) is
     'SQL for a column''s value as text that runs none of the application''s code: to_jsonb ->> '
     'for a built-in type, format(''%s'') (the type''s output function) for any other.';
 
-create or replace function kb._source_change_sql(source_id integer, new_rows text, old_rows text)
+create or replace function kb._source_base_type(relation regclass, column_name text)
+returns oid
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (with recursive d(oid, n) as (
+            select a.atttypid, 0 from pg_catalog.pg_attribute a
+             where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped
+            union all
+            select y.typbasetype, d.n + 1 from d join pg_catalog.pg_type y on y.oid = d.oid
+             where y.typtype = 'd' and d.n < 20)
+        select d.oid from d order by d.n desc limit 1);
+comment on function kb._source_base_type(regclass, text) is
+    'A column''s type, or its domain''s base type (through domains over domains).';
+
+create or replace function kb._source_read_columns(source_id integer)
+returns text[]
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return (select array(select distinct c
+                       from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
+                                                    s.category_column, s.labels_column]
+                                              || s.metadata_columns) as c
+                      where c is not null and c <> all (s.key_columns)
+                      order by c)
+          from kb.table_sources s where s.id = _source_read_columns.source_id);
+comment on function kb._source_read_columns(integer) is
+    'The columns a table source reads besides its key, by name: what an UPDATE is compared by.';
+
+create or replace function kb._source_types_changed_sql(source_id integer)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- by attribute number and type OID: a static query on pg_attribute's index, planned once
+return (select format('(select pg_catalog.array_agg(a.atttypid order by a.attnum) from pg_catalog.pg_attribute a '
+                      'where a.attrelid operator(pg_catalog.=) %s::pg_catalog.oid '
+                      'and a.attnum operator(pg_catalog.=) any (%L::pg_catalog.int2[]) and not a.attisdropped) '
+                      'is distinct from %L::pg_catalog.oid[]',
+                      s.relation::oid,
+                      pg_catalog.array_agg(a.attnum order by a.attnum)::text,
+                      pg_catalog.array_agg(a.atttypid order by a.attnum)::text)
+          from kb.table_sources s
+          join pg_catalog.pg_attribute a
+            on a.attrelid = s.relation and a.attnum > 0 and not a.attisdropped
+           and a.attname = any (s.key_columns || kb._source_read_columns(s.id))
+         where s.id = _source_types_changed_sql.source_id
+         group by s.relation);
+comment on function kb._source_types_changed_sql(integer) is
+    'SQL that is true once a column a table source reads (its key included) has another type, or '
+    'is gone, since this was built: a compiled trigger''s statements are built for those types.';
+
+create or replace function kb._source_compare_sql(relation regclass, column_name text, ordinal integer)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- Whether the value in column v<ordinal> of o (old rows) and n (new rows) differs. For a type
+-- whose built-in equality holds exactly when the output text is the same (no 1.0 = 1.00, no
+-- '1 day' = '24 hours', no -0 = 0), its operator, found in pg_catalog (operators are never looked
+-- up in pg_temp) and, for text, under the "C" collation (a nondeterministic collation of the
+-- application's could call 'A' and 'a' equal). Any other type by its output text, format('%s').
+return (select case
+                   when b in ('text'::regtype::oid, 'varchar'::regtype::oid, 'text[]'::regtype::oid,
+                              'varchar[]'::regtype::oid)
+                   then format('n.v%1$s collate pg_catalog."C" is distinct from o.v%1$s collate pg_catalog."C"', ordinal)
+                   when b in ('int2'::regtype::oid, 'int4'::regtype::oid, 'int8'::regtype::oid,
+                              'bool'::regtype::oid, 'uuid'::regtype::oid, 'date'::regtype::oid,
+                              'timestamp'::regtype::oid, 'timestamptz'::regtype::oid,
+                              'int4[]'::regtype::oid, 'int8[]'::regtype::oid)
+                   then format('n.v%1$s is distinct from o.v%1$s', ordinal)
+                   else format('(case when n.v%1$s is null then null else pg_catalog.format(''%%s'', n.v%1$s) end) '
+                               'is distinct from (case when o.v%1$s is null then null else pg_catalog.format(''%%s'', o.v%1$s) end)',
+                               ordinal) end
+          from (select kb._source_base_type(relation, column_name) as b) as t);
+comment on function kb._source_compare_sql(regclass, text, integer) is
+    'SQL for "column v<ordinal> of o and n differ": the built-in equality of a type whose equal '
+    'values have the same output text (text under "C"), else the output texts compared.';
+
+create or replace function kb._source_change_template(
+    source_id integer,
+    new_rows text,
+    old_rows text,
+    id_sql text,
+    op_sql text
+)
 returns text
 language plpgsql
 stable
@@ -439,50 +529,70 @@ as $$
 declare
     s kb.table_sources;
     read_columns text[];
+    single boolean;
     new_key text;
     old_key text;
 begin
-    select * into s from kb.table_sources t where t.id = _source_change_sql.source_id;
-    read_columns := array(select distinct c
-                            from pg_catalog.unnest(array[s.text_column, s.title_column, s.groups_column,
-                                                         s.category_column, s.labels_column]
-                                                   || s.metadata_columns) as c
-                           where c is not null and c <> all (s.key_columns)
-                           order by c);
-    new_key := (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'n'), ', ' order by k.n)
-                       || ']::text[]'
+    select * into s from kb.table_sources t where t.id = _source_change_template.source_id;
+    read_columns := kb._source_read_columns(s.id);
+    -- one key column: its text pairs the rows (hashed or sorted as text), made an array to queue
+    single := pg_catalog.cardinality(s.key_columns) = 1;
+    new_key := (select case when single then pg_catalog.min(kb._source_text_sql(s.relation, k.c, 'n'))
+                            else 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'n'), ', ' order by k.n)
+                                 || ']::text[]' end
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
-    old_key := (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'o'), ', ' order by k.n)
-                       || ']::text[]'
+    old_key := (select case when single then pg_catalog.min(kb._source_text_sql(s.relation, k.c, 'o'))
+                            else 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation, k.c, 'o'), ', ' order by k.n)
+                                 || ']::text[]' end
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
     if new_rows is not null and old_rows is null then
-        return format('insert into kb.source_queue (source_id, key, op) select $1, %s, $4 from %s as n '
-                      'on conflict do nothing', new_key, new_rows);
+        return format('insert into kb.source_queue (source_id, key, op) select %s, %s, %s from %s as n '
+                      'on conflict do nothing', id_sql,
+                      case when single then 'array[' || new_key || ']::text[]' else new_key end, op_sql, new_rows);
     elsif old_rows is not null and new_rows is null then
-        return format('insert into kb.source_queue (source_id, key, op) select $1, %s, ''D'' from %s as o '
-                      'on conflict do nothing', old_key, old_rows);
+        return format('insert into kb.source_queue (source_id, key, op) select %s, %s, ''D'' from %s as o '
+                      'on conflict do nothing', id_sql,
+                      case when single then 'array[' || old_key || ']::text[]' else old_key end, old_rows);
     end if;
     -- an update: rows paired by the text of their keys; a key only the old rows have is deleted,
     -- one only the new rows have is new, one both have is queued when a column the source reads
-    -- has another text (from the output function of its type: no equality operator of the
-    -- application is called)
+    -- differs (kb._source_compare_sql: built-in equality or the output text; no operator or cast
+    -- of the application is called)
     return format(
         'insert into kb.source_queue (source_id, key, op) '
-        'select $1, coalesce(n.key, o.key), case when n.key is null then ''D'' else ''U'' end '
-        '  from (select %s as key, array[%s]::text[] as v from %s as o) as o '
-        '  full join (select %s as key, array[%s]::text[] as v from %s as n) as n '
+        'select %1$s, %2$s, case when n.key is null then ''D'' else ''U'' end '
+        '  from (select %3$s as key%4$s from %5$s as o) as o '
+        '  full join (select %6$s as key%7$s from %8$s as n) as n '
         '    on n.key operator(pg_catalog.=) o.key '
-        ' where n.key is null or o.key is null or n.v is distinct from o.v '
+        ' where n.key is null or o.key is null%9$s '
         'on conflict do nothing',
+        id_sql,
+        case when single then 'array[coalesce(n.key, o.key)]::text[]' else 'coalesce(n.key, o.key)' end,
         old_key,
-        coalesce((select pg_catalog.string_agg(format('case when o.%1$I is null then null else pg_catalog.format(''%%s'', o.%1$I) end', c), ', ')
-                    from pg_catalog.unnest(read_columns) as c), ''),
-        old_rows, new_key,
-        coalesce((select pg_catalog.string_agg(format('case when n.%1$I is null then null else pg_catalog.format(''%%s'', n.%1$I) end', c), ', ')
-                    from pg_catalog.unnest(read_columns) as c), ''),
-        new_rows);
+        coalesce((select pg_catalog.string_agg(format(', o.%I as v%s', c.name, c.n), '' order by c.n)
+                    from pg_catalog.unnest(read_columns) with ordinality as c(name, n)), ''),
+        old_rows,
+        new_key,
+        coalesce((select pg_catalog.string_agg(format(', n.%I as v%s', c.name, c.n), '' order by c.n)
+                    from pg_catalog.unnest(read_columns) with ordinality as c(name, n)), ''),
+        new_rows,
+        coalesce((select pg_catalog.string_agg(' or ' || kb._source_compare_sql(s.relation, c.name, c.n::integer), '' order by c.n)
+                    from pg_catalog.unnest(read_columns) with ordinality as c(name, n)), ''));
 end
 $$;
+comment on function kb._source_change_template(integer, text, text, text, text) is
+    'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
+    'the row sets (transition tables) it reads, id_sql and op_sql the SQL of the source''s id and '
+    'of a new row''s op: keys as kb._source_text_sql gives them, an UPDATE''s rows paired by key '
+    'and compared by kb._source_compare_sql, for the column types of this moment.';
+
+create or replace function kb._source_change_sql(source_id integer, new_rows text, old_rows text)
+returns text
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+return kb._source_change_template(source_id, new_rows, old_rows, '$1', '$4');
 comment on function kb._source_change_sql(integer, text, text) is
     'The INSERT that queues a statement''s changed rows of a table source, new_rows and old_rows '
     'the row sets (transition tables) it reads ($1 the source''s id, $4 the op of a new row); '
@@ -586,6 +696,88 @@ comment on function kb._source_enqueue_truncate() is
     'Statement trigger of a table source on TRUNCATE: queues the source''s empty key, whose worker '
     'deletes the documents of rows that are gone (42501 on a table that is not its source''s).';
 
+-- -- compiled triggers ------------------------------------------------------------------------
+--
+-- kb._source_enqueue builds its INSERT for every statement and EXECUTEs it, planned each time:
+-- ~0.4 ms of a single-row UPDATE's ~0.5 ms overhead (issue 38). A source on a plain table gets
+-- a trigger function of its own instead, kb._source_enqueue_<id>(), whose statements are static
+-- SQL that PL/pgSQL plans once per session. kb._source_catalog_compile generates it from the
+-- catalog only (identifiers through %I, the body passed as one quoted literal). It runs the same
+-- statements kb._source_enqueue would build (kb._source_change_template) while the columns keep
+-- the types they were built for (one look at pg_attribute a statement), and builds them anew
+-- when an ALTER TABLE changed one; it raises when fired on another table or per row. A
+-- partitioned table (row triggers) keeps kb._source_enqueue.
+
+create or replace function kb._source_compiled_name(source_id integer)
+returns text
+language sql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+return '_source_enqueue_' || source_id;
+comment on function kb._source_compiled_name(integer) is
+    'The name in schema kb of a table source''s compiled trigger function.';
+
+create or replace function kb._source_compile_sql(source_id integer)
+returns text
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    s kb.table_sources;
+    body text;
+begin
+    select * into s from kb.table_sources t where t.id = _source_compile_sql.source_id;
+    body := pg_catalog.concat_ws(E'\n',
+        '-- generated by kb._source_catalog_compile for table source ' || pg_catalog.quote_literal(s.name)
+            || ' (its table''s OID ' || s.relation::oid || '); see sql/090-table-sources.sql',
+        'declare',
+        '    queued bigint;',
+        'begin',
+        '    if tg_relid operator(pg_catalog.<>) ' || s.relation::oid || '::pg_catalog.oid'
+            || ' or tg_level operator(pg_catalog.<>) ''STATEMENT'' then',
+        '        raise exception ''trigger % on % does not belong to table source %'', tg_name,'
+            || ' tg_relid::pg_catalog.regclass, ' || pg_catalog.quote_literal(pg_catalog.quote_ident(s.name)),
+        '            using errcode = ''42501'','
+            || ' hint = ''kbpg''''s triggers are created by kb.add_table_source and queue only their own table''''s rows'';',
+        '    end if;',
+        -- the statements below were built for these column types; once one has another type,
+        -- the statement is built for the types of now, as kb._source_enqueue does
+        '    if ' || kb._source_types_changed_sql(s.id) || ' then',
+        '        execute kb._source_change_sql(' || s.id || ', case when tg_op operator(pg_catalog.<>) ''DELETE'''
+            || ' then ''kbpg_new'' end, case when tg_op operator(pg_catalog.<>) ''INSERT'' then ''kbpg_old'' end)',
+        '            using ' || s.id || ', null::text, null::text,'
+            || ' case tg_op when ''INSERT'' then ''I'' else ''U'' end;',
+        '    elsif tg_op operator(pg_catalog.=) ''INSERT'' then',
+        '        ' || kb._source_change_template(s.id, 'kbpg_new', null, s.id::text, '''I''') || ';',
+        '    elsif tg_op operator(pg_catalog.=) ''DELETE'' then',
+        '        ' || kb._source_change_template(s.id, null, 'kbpg_old', s.id::text, null) || ';',
+        '    else',
+        '        ' || kb._source_change_template(s.id, 'kbpg_new', 'kbpg_old', s.id::text, '''U''') || ';',
+        '    end if;',
+        '    get diagnostics queued = row_count;',
+        -- as kb._source_enqueue: no payload, and no NOTIFY near a full notification queue
+        '    if queued > 0 and ' || s.notify::text
+            || ' and pg_catalog.pg_notification_queue_usage() < 0.5 then',
+        '        perform pg_catalog.pg_notify(''kbpg_sync'', '''');',
+        '    end if;',
+        '    return null;',
+        'end');
+    -- enable_mergejoin off: an UPDATE pairs its old and new rows by hashing their keys (the
+    -- transition tables have no statistics; sorting both was the slower plan)
+    return format('create or replace function kb.%I() returns trigger language plpgsql volatile '
+                  'security definer set search_path = pg_catalog, pg_temp set client_min_messages = notice '
+                  'set enable_mergejoin = off as %L', kb._source_compiled_name(s.id), body);
+end
+$$;
+comment on function kb._source_compile_sql(integer) is
+    'The CREATE FUNCTION of a table source''s compiled trigger function: static statements from '
+    'kb._source_change_template, run while the columns keep the types they were built for '
+    '(kb._source_types_changed_sql), else built as kb._source_enqueue builds them; NOTIFY as '
+    'the source says.';
+
 create or replace function kb._source_trigger_names(source_name text)
 returns text[]
 language sql
@@ -610,6 +802,8 @@ declare
     s kb.table_sources;
     prefix text;
     t text;
+    compiled regprocedure;
+    call text;
 begin
     select * into s from kb.table_sources t where t.id = _source_triggers.source_id;
     prefix := 'kbpg_' || s.name;
@@ -627,16 +821,19 @@ begin
                        prefix || '_delete', s.relation, s.id);
     else
         -- one trigger an event: PostgreSQL takes transition tables neither with several events
-        -- nor with UPDATE OF (an update that changed nothing the source reads queues nothing)
+        -- nor with UPDATE OF (an update that changed nothing the source reads queues nothing).
+        -- The source's compiled function where it has one, else kb._source_enqueue(id)
+        compiled := kb._source_catalog_compile(s.id);
+        call := coalesce(compiled::text, format('kb._source_enqueue(%L)', s.id));
         execute format('create trigger %I after insert on %s referencing new table as kbpg_new '
-                       'for each statement execute function kb._source_enqueue(%L)',
-                       prefix || '_insert', s.relation, s.id);
+                       'for each statement execute function %s',
+                       prefix || '_insert', s.relation, call);
         execute format('create trigger %I after update on %s referencing old table as kbpg_old '
-                       'new table as kbpg_new for each statement execute function kb._source_enqueue(%L)',
-                       prefix || '_update', s.relation, s.id);
+                       'new table as kbpg_new for each statement execute function %s',
+                       prefix || '_update', s.relation, call);
         execute format('create trigger %I after delete on %s referencing old table as kbpg_old '
-                       'for each statement execute function kb._source_enqueue(%L)',
-                       prefix || '_delete', s.relation, s.id);
+                       'for each statement execute function %s',
+                       prefix || '_delete', s.relation, call);
     end if;
     execute format('create trigger %I after truncate on %s for each statement '
                    'execute function kb._source_enqueue_truncate(%L)',
@@ -967,11 +1164,57 @@ begin
     if not found then
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
+    -- its compiled trigger function, and with it any trigger its table's owner left on it
+    execute format('drop function if exists kb.%I() cascade', kb._source_compiled_name(source_id));
 end
 $$;
 comment on function kb._source_catalog_delete(integer) is
     'Delete a table source''s catalog row (kb.remove_table_source''s write; the owner''s rights): '
     'checks the caller is a writer.';
+
+create or replace function kb._source_catalog_compile(source_id integer)
+returns regprocedure
+language plpgsql
+volatile
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    s kb.table_sources;
+    name text := kb._source_compiled_name(source_id);
+    writer text;
+    compiled regprocedure;
+begin
+    perform kb._source_check_writer();
+    select * into s from kb.table_sources t where t.id = _source_catalog_compile.source_id;
+    if not found then
+        raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
+    end if;
+    -- whoever calls (kb._source_triggers) may put triggers on the table, a permanent one
+    perform kb._source_check_trigger_privilege(kb._source_table(s));
+    if (select c.relkind from pg_catalog.pg_class c where c.oid = s.relation) <> 'r' then
+        -- kb._source_enqueue serves it; a compiled function of an earlier definition goes, with
+        -- any trigger left on it
+        execute format('drop function if exists kb.%I() cascade', name);
+        return null;
+    end if;
+    execute kb._source_compile_sql(s.id);
+    compiled := format('kb.%I()', name)::regprocedure;
+    -- creating a trigger takes EXECUTE: the writer role's (whose members add sources) and the owner's
+    execute format('revoke execute on function %s from public', compiled);
+    select r.rolname into writer
+      from kb.access_settings a join pg_catalog.pg_roles r on r.oid = a.writer_oid;
+    if writer is not null then
+        execute format('grant execute on function %s to %I', compiled, writer);
+    end if;
+    return compiled;
+end
+$$;
+comment on function kb._source_catalog_compile(integer) is
+    'Create (or replace) a table source''s compiled trigger function from the catalog and return '
+    'it, or drop it and return NULL when kb._source_enqueue is to serve the source (a partitioned '
+    'table); the owner''s rights, for a writer who may put triggers on the table.';
 
 create or replace function kb._source_backfill_lock(source_id integer)
 returns kb.table_sources
@@ -1377,21 +1620,7 @@ return (select 'array[' || pg_catalog.string_agg(kb._source_text_sql(s.relation,
 comment on function kb._source_key_sql(integer, text) is
     'SQL for a row''s key as text[] (the text the triggers queue), for table alias `alias`.';
 
-create or replace function kb._source_base_type(relation regclass, column_name text)
-returns oid
-language sql
-stable
-security invoker
-set search_path = pg_catalog, pg_temp
-return (with recursive d(oid, n) as (
-            select a.atttypid, 0 from pg_catalog.pg_attribute a
-             where a.attrelid = relation and a.attname = column_name and a.attnum > 0 and not a.attisdropped
-            union all
-            select y.typbasetype, d.n + 1 from d join pg_catalog.pg_type y on y.oid = d.oid
-             where y.typtype = 'd' and d.n < 20)
-        select d.oid from d order by d.n desc limit 1);
-comment on function kb._source_base_type(regclass, text) is
-    'A column''s type, or its domain''s base type (through domains over domains).';
+
 
 create or replace function kb._source_column_sql(relation regclass, column_name text, alias text)
 returns text

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from typing import Any
 
@@ -35,11 +36,14 @@ DEFINERS = {
     "kb.access_status": "no argument: kb.access_settings and pg_catalog",
     # table sources (sql/090)
     "kb._source_enqueue": "statement trigger: a changed row's columns as text through to_jsonb of built-in types or the type's output function (no cast), only on its source's own permanent table",
+    # one per table source on a plain table with a key of integer, numeric, text or uuid type
+    "kb._source_enqueue_<id>": "statement trigger compiled for one source: static statements reading the transition tables' columns through format('%s') only (keys too), raising unless fired per statement on its table's OID",
     "kb._source_enqueue_truncate": "statement trigger: its source id only (no row), only on its source's own permanent table",
     "kb._source_catalog_insert": "a writer's new source: name (regex), regclass, column names checked in pg_catalog; no row of the table is read",
     "kb._source_catalog_define": "a writer's column names checked in pg_catalog against a source's permanent table",
     "kb._source_catalog_reset": "a source id: resets its backfill columns",
     "kb._source_catalog_delete": "a source id: deletes its catalog row",
+    "kb._source_catalog_compile": "a source id: the CREATE FUNCTION kb._source_compile_sql builds from the catalog (identifiers by %I, the body one literal), its grants; no row read",
     "kb._source_catalog_rebind": "a source id and a regclass: the new table's columns checked in pg_catalog, no row read",
     "kb._source_backfill_lock": "a source id: locks its catalog row (SKIP LOCKED)",
     "kb._source_backfill_save": "a source id, a state from a fixed list, a text[] cursor and two counts",
@@ -57,7 +61,9 @@ def _definers(conn: psycopg.Connection[Any]) -> list[tuple[str, str]]:
 def test_every_security_definer_function_is_listed_with_its_reason(
     conn: psycopg.Connection[Any],
 ) -> None:
-    names = [name for _, name in _definers(conn)]
+    add_articles(conn)
+    conn.execute(ADD_SOURCE)  # (a compiled trigger function: kb._source_enqueue_<id>)
+    names = [re.sub(r"_\d+$", "_<id>", name) for _, name in _definers(conn)]
     assert len(names) == len(set(names)), "an overloaded SECURITY DEFINER function"
     assert sorted(names) == sorted(DEFINERS)
     assert all(reason and "\n" not in reason for reason in DEFINERS.values())
@@ -270,3 +276,84 @@ def count_text(conn: psycopg.Connection[Any], query: str) -> str:
     row = conn.execute(query).fetchone()
     assert row is not None
     return str(row[0])
+
+
+def test_a_compiled_trigger_runs_static_statements_while_the_types_hold(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A source on a plain table gets kb._source_enqueue_<id>(): the statements kb._source_enqueue
+    would build, static, run while the columns keep their types; after an ALTER TABLE to a type
+    of the application's, built anew (its values by output function: no cast of the
+    application's runs); it raises when a writer hangs it on a table of its own, and goes with
+    its source (with a trigger left on it)."""
+    add_articles(conn)
+    conn.execute(ADD_SOURCE)
+    source = count(conn, "select id from kb.table_sources where name = 'articles'")
+    function = f"kb._source_enqueue_{source}()"
+    assert conn.execute(
+        "select distinct tgfoid::regprocedure::text from pg_trigger"
+        " where tgrelid = 'public.articles'::regclass and tgname <> 'kbpg_articles_truncate'"
+    ).fetchall() == [(function,)]
+    body = count_text(conn, f"select prosrc from pg_proc where oid = '{function}'::regprocedure")
+    # its INSERT, DELETE and UPDATE statements, as kb._source_change_template builds them
+    for new, old, op in (("kbpg_new", None, "'I'"), (None, "kbpg_old", None),
+                         ("kbpg_new", "kbpg_old", "'U'")):  # fmt: skip
+        static = conn.execute(
+            "select kb._source_change_template(%s, %s, %s, %s, %s)",
+            (source, new, old, str(source), op),
+        ).fetchone()
+        assert static is not None and f"        {static[0]};" in body
+    assert count_text(conn, f"select kb._source_types_changed_sql({source})") in body
+    assert body.count("execute kb._source_change_sql(") == 1  # only after a type changed
+    conn.execute("update public.articles set body = 'changed' where id = 2")
+    assert queue(conn) == [(["2"], "U")]
+    conn.execute("delete from kb.source_queue")
+
+    # the application makes a column it reads an enum of its own, with casts that record calls
+    conn.execute(
+        "create table public.cast_calls (via text);"
+        "create type public.mood as enum ('calm', 'glad');"
+        "create function public.mood_json(m public.mood) returns json language plpgsql as $$"
+        " begin insert into public.cast_calls values ('json'); return '\"x\"'; end $$;"
+        "create function public.mood_text(m public.mood) returns text language plpgsql as $$"
+        " begin insert into public.cast_calls values ('text'); return 'x'; end $$;"
+        "create cast (public.mood as json) with function public.mood_json(public.mood);"
+        "create cast (public.mood as text) with function public.mood_text(public.mood);"
+        "alter table public.articles alter column author type public.mood using 'calm'"
+    )
+    conn.execute("update public.articles set author = 'glad' where id = 1")
+    conn.execute("update public.articles set view_count = 7 where id = 3")  # not read: nothing
+    assert queue(conn) == [(["1"], "U")]
+    assert conn.execute("select count(*) from public.cast_calls").fetchone() == (0,)
+
+    # hung by a writer on a table of its own, it raises before it reads a row
+    writer = conn.execute(
+        "select r.rolname from kb.access_settings s join pg_roles r on r.oid = s.writer_oid"
+    ).fetchone()
+    assert writer is not None
+    member = f"kbt_member_{uuid.uuid4().hex[:8]}"
+    conn.execute(sql.SQL("create role {} login").format(sql.Identifier(member)))
+    conn.execute(
+        sql.SQL("grant {} to {}").format(sql.Identifier(writer[0]), sql.Identifier(member))
+    )
+    conn.execute(sql.SQL("set role {}").format(sql.Identifier(member)))
+    conn.execute("create temp table t (id bigint primary key, body text)")
+    conn.execute(
+        "create trigger forged after insert on pg_temp.t referencing new table as kbpg_new"
+        f" for each statement execute function {function}"
+    )
+    with raises_sqlstate(conn, "42501") as info:
+        conn.execute("insert into pg_temp.t values (1, 'x')")
+    assert info.value.diag.message_primary == (
+        "trigger forged on t does not belong to table source articles"
+    )
+    conn.execute("reset role")
+
+    # its source removed, it goes, and a trigger left on it with it
+    conn.execute("select * from kb.remove_table_source('articles')")
+    assert conn.execute(
+        "select count(*) from pg_proc where proname = %s", (f"_source_enqueue_{source}",)
+    ).fetchone() == (0,)
+    assert conn.execute(
+        "select count(*) from pg_trigger where tgrelid = 'pg_temp.t'::regclass"
+    ).fetchone() == (0,)
