@@ -2104,6 +2104,32 @@ end;
 comment on function kb._source_requeue_errors(integer[]) is
     'Queue the parked rows whose retry is due; returns how many.';
 
+-- -- compiled triggers, brought up to date ----------------------------------------------------------
+
+-- Each apply (kbpg db upgrade) generates every plain-table source's trigger function again from
+-- this file's functions (CREATE OR REPLACE: the application's table is not touched). A source
+-- whose triggers still call kb._source_enqueue (made before its compiled function existed) is
+-- switched to it where the role applying this may put triggers on its table; elsewhere it stays
+-- on kb._source_enqueue, as correct and slower, until `kbpg sources resync` by a role that may.
+do $$
+declare
+    s record;
+begin
+    for s in select x.id, x.relation, x.name
+               from kb.table_sources x
+               join pg_catalog.pg_class c on c.oid = x.relation and c.relkind = 'r'
+              order by x.id loop
+        if exists (select 1 from pg_catalog.pg_trigger t
+                    where t.tgrelid = s.relation and t.tgfoid = 'kb._source_enqueue()'::regprocedure)
+           and pg_catalog.has_table_privilege(s.relation, 'TRIGGER') then
+            perform kb._source_triggers(s.id);
+        elsif pg_catalog.to_regprocedure(format('kb.%I()', kb._source_compiled_name(s.id))) is not null then
+            execute kb._source_compile_sql(s.id);
+        end if;
+    end loop;
+end
+$$;
+
 -- -- privileges -------------------------------------------------------------------------------
 
 -- The trigger functions and the catalog helpers run with their owner's rights. Firing a

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 from psycopg import sql
 
+from kbpg.store.db import sql_function_statements
 from tests.sqldata import raises_sqlstate
 from tests.tablesdata import ADD_SOURCE, add_articles, count, queue
 
@@ -357,3 +358,43 @@ def test_a_compiled_trigger_runs_static_statements_while_the_types_hold(
     assert conn.execute(
         "select count(*) from pg_trigger where tgrelid = 'pg_temp.t'::regclass"
     ).fetchone() == (0,)
+
+
+def test_applying_the_sql_files_switches_a_source_to_its_compiled_trigger(
+    conn: psycopg.Connection[Any],
+) -> None:
+    """A source made before compiled triggers (its triggers call kb._source_enqueue) gets its
+    compiled function at the next `kbpg db upgrade`, which applies sql/ again."""
+    add_articles(conn)
+    conn.execute(ADD_SOURCE)
+    source = count(conn, "select id from kb.table_sources where name = 'articles'")
+    conn.execute(f"drop function kb._source_enqueue_{source}() cascade")
+    for event, tables in (
+        ("insert", "new table as kbpg_new"),
+        ("update", "old table as kbpg_old new table as kbpg_new"),
+        ("delete", "old table as kbpg_old"),
+    ):
+        conn.execute(
+            f"create trigger kbpg_articles_{event} after {event} on public.articles"
+            f" referencing {tables} for each statement execute function"
+            f" kb._source_enqueue('{source}')"
+        )
+    schema = count_text(
+        conn,
+        "select n.nspname from pg_extension e join pg_namespace n on n.oid = e.extnamespace"
+        " where e.extname = 'vector'",
+    )
+    for statement in sql_function_statements(schema):
+        conn.execute(statement)
+    conn.execute("reset search_path")
+    assert conn.execute(
+        "select tgname, tgfoid::regprocedure::text from pg_trigger"
+        " where tgrelid = 'public.articles'::regclass order by tgname"
+    ).fetchall() == [
+        ("kbpg_articles_delete", f"kb._source_enqueue_{source}()"),
+        ("kbpg_articles_insert", f"kb._source_enqueue_{source}()"),
+        ("kbpg_articles_truncate", "kb._source_enqueue_truncate()"),
+        ("kbpg_articles_update", f"kb._source_enqueue_{source}()"),
+    ]
+    conn.execute("update public.articles set body = 'changed' where id = 3")
+    assert queue(conn) == [(["3"], "U")]
