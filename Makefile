@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 export ORT_DISABLE_TELEMETRY := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev browser demo test test-fast lint format typecheck check bench clean
+.PHONY: help install dev browser demo test test-fast lint format typecheck docs check bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -71,11 +71,14 @@ format: $(STAMP) ## ruff format + autofix
 typecheck: $(STAMP) ## mypy --strict on kbpg/
 	$(BIN)/mypy
 
-check: lint typecheck test ## lint, types and tests
+docs: $(STAMP) ## build the documentation site (docs/ -> site/) with mkdocs --strict
+	$(BIN)/mkdocs build --strict --quiet
+
+check: lint typecheck docs test ## lint, types, docs and tests
 
 bench: $(STAMP) ## run the retrieval benchmarks (not tests; prints numbers)
 	$(BIN)/python benchmarks/bench_search.py
 
 clean: ## remove the venv, caches and build output (not your KBPG_HOME data)
-	rm -rf $(VENV) build dist *.egg-info .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) build dist site *.egg-info .pytest_cache .mypy_cache .ruff_cache
 	find . -name __pycache__ -type d -prune -exec rm -rf {} +

@@ -1,4 +1,4 @@
-"""The README's "Languages" table: kbpg's own evaluation (kbpg eval's code) on XQuAD in five
+"""The "Languages" table of docs/languages.md: kbpg's own evaluation (kbpg eval's code) on XQuAD in five
 languages (not a test; prints a Markdown table, nDCG@10).
 
 Per collection (../shared/ir/xquad-{de,es,ru,zh,en}): ingested with all-MiniLM-L6-v2 in

@@ -212,7 +212,7 @@ class KnowledgeBase:
 
 
 class Retriever(KnowledgeBase):
-    """The README's name for the application object (kbpg.app.KnowledgeBase).
+    """The documentation's name for the application object (kbpg.app.KnowledgeBase).
 
     `with Retriever.from_env() as kb: kb.search("...", top=8, groups=[...])`.
     """

@@ -1,7 +1,7 @@
 -- kbpg: warming a just-started server with kbpg's relations, through pg_prewarm (contrib,
 -- optional: kbpg never requires it). After a restart every page a search touches is read from
 -- disk, or copied from the OS cache, the first time: at 1M chunks the first searches were
--- several times slower than the same searches a minute later (README, Performance).
+-- several times slower than the same searches a minute later (docs/performance.md).
 --   create extension if not exists pg_prewarm;   -- once, as a superuser or the service's admin
 --   select * from kb.prewarm();                  -- after each start, as the tables' owner
 -- `kbpg db start --prewarm` does both for the embedded server.

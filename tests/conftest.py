@@ -269,7 +269,7 @@ def owner_role(admin_url: str) -> Iterator[tuple[str, str]]:
 def owned_database(admin_url: str, owner_role: tuple[str, str]) -> Iterator[Callable[..., str]]:
     """Factory: a new database and the URL `owner_role` logs in with.
 
-    The admin's one-time statements (README "Using your own PostgreSQL") run first:
+    The admin's one-time statements (docs/operations.md "Using your own PostgreSQL") run first:
     `vector_schema="public"` -> CREATE EXTENSION vector; another name -> CREATE SCHEMA name,
     GRANT USAGE ON SCHEMA name TO role, CREATE EXTENSION vector SCHEMA name (Supabase:
     `extensions`); None -> no extension. `owned=False`: the admin keeps the database and

@@ -1,4 +1,5 @@
-"""The README's adapter examples run as written (a new Python process each) on samples/kb."""
+"""The documentation's adapter examples (docs/searching.md) run as written (a new Python process
+each) on samples/kb."""
 
 from __future__ import annotations
 
@@ -12,14 +13,16 @@ from kbpg.app import KnowledgeBase
 from tests.conftest import REPO_ROOT
 from tests.helpers import clean_env
 
-SECTION = "### Agents (MCP), LangChain and LlamaIndex"
+SECTION = "## Agents (MCP), LangChain and LlamaIndex"
+PAGE = REPO_ROOT / "docs" / "searching.md"
 
 
 def examples() -> dict[str, str]:
     """The section's Python blocks, by the adapter module they import."""
-    readme = (REPO_ROOT / "README.md").read_text()
-    section = readme[readme.index(SECTION) :]
-    section = section[: section.index("\n## ")]
+    page = PAGE.read_text()
+    section = page[page.index(SECTION) :]
+    end = section.find("\n## ", len(SECTION))  # the next section, if any
+    section = section if end < 0 else section[:end]
     blocks = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     return {re.findall(r"kbpg\.integrations\.(\w+)", block)[0]: block for block in blocks}
 

@@ -5,7 +5,7 @@ finance's documents (hidden from her) and once with a value that exists nowhere.
 probe prints (rows, EXPLAIN ANALYZE's plan and row counts, errors, messages) must be the same
 for both: otherwise the difference tells her something about a chunk she may not read. Only
 the timings and EXPLAIN's buffer counts are left out of the comparison: they measure the work
-a call did, which the README lists as the residual side channel.
+a call did, which docs/access-control.md lists as the residual side channel.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Least privilege is the tested default: kbpg run by a login role that owns its database and
-is not superuser, with pgvector created once by an administrator (README "Using your own
+is not superuser, with pgvector created once by an administrator (docs/operations.md "Using your own
 PostgreSQL"). Migrations, ingest, search (CLI, psql), serve and eval; and the hints a DBA gets
 when a grant is missing."""
 

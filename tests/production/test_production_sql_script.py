@@ -75,7 +75,7 @@ def test_sql_script_stops_at_the_first_error(
 def test_script_for_schema_extensions_run_by_the_owner(
     owned_database: Callable[..., str], tmp_path: Path
 ) -> None:
-    """As the README says: the owner runs the reviewed script; pgvector (made by the admin)
+    """As docs/operations.md says: the owner runs the reviewed script; pgvector (made by the admin)
     lives in `extensions`, off the owner's search_path."""
     url = owned_database(vector_schema="extensions")
     script = tmp_path / "kbpg-upgrade.sql"

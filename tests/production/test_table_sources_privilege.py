@@ -60,7 +60,7 @@ def production(
         assert invoke_kbpg("db", "upgrade", env=env).returncode == 0
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute("select kb.access_setup(%s, %s)", (roles.reader, roles.writer))
-            # the vector index is the owner's to create (README "Migrations"): the writer's
+            # the vector index is the owner's to create (docs/operations.md "Migrations"): the writer's
             # first ingest then finds it
             conn.execute("select kb.set_embedding_space('all-MiniLM-L6-v2', 384)")
             conn.execute(sql.SQL("grant create on schema public to {}").format(
