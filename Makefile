@@ -7,7 +7,7 @@ RUN_STAMP := $(VENV)/.installed-run
 export ORT_DISABLE_TELEMETRY := 1
 
 .DEFAULT_GOAL := help
-.PHONY: help install dev browser demo test test-fast lint format typecheck docs check bench clean
+.PHONY: help install dev browser demo test test-fast lint format typecheck docs reference check bench clean
 
 help: ## list targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-10s %s\n", $$1, $$2}'
@@ -72,7 +72,10 @@ typecheck: $(STAMP) ## mypy --strict on kbpg/
 	$(BIN)/mypy
 
 docs: $(STAMP) ## build the documentation site (docs/ -> site/) with mkdocs --strict
-	$(BIN)/mkdocs build --strict --quiet
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --quiet
+
+reference: $(STAMP) ## write the generated pages again: docs/reference-cli.md, reference-sql.md, changelog.md
+	$(BIN)/python -m tests.docs_reference
 
 check: lint typecheck docs test ## lint, types, docs and tests
 
