@@ -418,7 +418,14 @@ set search_path = pg_catalog, pg_temp
 -- parts' output functions in turn) and a base type can only be created by a superuser with C
 -- functions (CREATE TYPE: "you must be a superuser to create a new base type"): nothing an
 -- application role wrote.
-return (select case when kb._source_builtin_type(a.atttypid)
+-- (integers, text, varchar and uuid: their own output text, the text to_jsonb gives them,
+-- without a jsonb made and taken apart for every row)
+return (select case when a.atttypid in ('int2'::regtype::oid, 'int4'::regtype::oid, 'int8'::regtype::oid,
+                                        'text'::regtype::oid, 'varchar'::regtype::oid, 'uuid'::regtype::oid)
+                    then format('pg_catalog.textin(pg_catalog.%s(%I.%I))',
+                                (select y.typoutput::text from pg_catalog.pg_type y where y.oid = a.atttypid),
+                                alias, column_name)
+                    when kb._source_builtin_type(a.atttypid)
                     then format('(pg_catalog.to_jsonb(%I.%I) operator(pg_catalog.#>>) ''{}''::text[])',
                                 alias, column_name)
                     else format('pg_catalog.format(''%%s'', %I.%I)', alias, column_name) end
