@@ -48,7 +48,15 @@ def commands(group: click.Group, prefix: str) -> list[tuple[str, click.Command]]
 
 def cli_page() -> str:
     # a fixed width: the page must not depend on the terminal that generated it
-    root = click.Context(kbpg_cli, info_name="kbpg", terminal_width=WIDTH, max_content_width=WIDTH)
+    # and the group's context settings (-h as well as --help), as `kbpg` itself runs it: click
+    # caches a command's help option the first time it is asked for
+    root = click.Context(
+        kbpg_cli,
+        info_name="kbpg",
+        terminal_width=WIDTH,
+        max_content_width=WIDTH,
+        **kbpg_cli.context_settings,
+    )
     lines = [
         "# Reference: the `kbpg` command",
         "",
@@ -64,7 +72,9 @@ def cli_page() -> str:
     contexts: dict[str, click.Context] = {"kbpg": root}
     for full, command in commands(kbpg_cli, "kbpg"):
         parent = contexts[full.rsplit(" ", 1)[0]]
-        with click.Context(command, info_name=full.split()[-1], parent=parent) as ctx:
+        with click.Context(
+            command, info_name=full.split()[-1], parent=parent, **command.context_settings
+        ) as ctx:
             contexts[full] = ctx
             lines += ["", f"## {full}", "", "```text", command.get_help(ctx), "```"]
     return "\n".join(lines) + "\n"
