@@ -98,6 +98,7 @@ _BY_STATE: dict[str, type[KbpgError]] = {
     "KB001": EmbeddingSpaceMismatch,  # query or model vectors of another embedding space
     "KB002": EmbeddingSpaceMismatch,  # no embedding space recorded yet (no vectors)
     "KB003": QueryTooLarge,  # over the documented query cost bound
+    "KB004": InvalidInput,  # a metadata filter kb._metadata_jsonpath cannot read
     "KB010": NotFound,  # a table source's table was dropped
     "42501": PermissionDenied,
     "25006": ReadOnlyDatabase,

@@ -449,7 +449,8 @@ create or replace function kb._bm25_rank_distributed(
     filter_first boolean default false,
     uncached_since bigint default null,
     rare tsquery default null,
-    visible_groups text[] default null
+    visible_groups text[] default null,
+    filter_metadata jsonb default null
 )
 returns table (rank integer, chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
@@ -460,7 +461,8 @@ as $$
 #variable_conflict use_column
 declare
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', '$13', filter_groups, filter_category, filter_labels, visible_groups);
+        'c', '$1', '$2', '$3', '$13', filter_groups, filter_category, filter_labels, visible_groups,
+        filter_metadata);
     -- kb._bm25_rank's sources; with uncached_since (the impact cache's watermark) the
     -- candidates also take, in the same statement, what the single-server arm reads first: the
     -- chunks above the watermark, those changed since the cache was built (kb.lexical_pending,
@@ -508,7 +510,7 @@ begin
     end loop;
 end
 $$;
-comment on function kb._bm25_rank_distributed(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, bigint, tsquery, text[]) is
+comment on function kb._bm25_rank_distributed(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, bigint, tsquery, text[], jsonb) is
     'Distributed layout: kb._bm25_rank with the sort and cut on each shard, among the chunks '
     'visible_groups lets the caller read (NULL: all); uncached_since (the cache''s watermark) '
     'also rescores the chunks above it, in kb.lexical_pending and holding a rare term, in the '

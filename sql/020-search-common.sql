@@ -4,7 +4,8 @@
 --              'public' also keeps the chunks without groups, which every reader may read
 --              (kb._visible_to): public documents have one name, grouped or not;
 --   category — the chunk's category equals it;
---   labels   — the chunk carries every listed label (containment, @>).
+--   labels   — the chunk carries every listed label (containment, @>);
+--   metadata — the chunk's document's metadata matches the filter (sql/018).
 -- NULL or an empty list means "no filter" for that field.
 
 create or replace function kb._chunk_filter_sql(
@@ -16,7 +17,8 @@ create or replace function kb._chunk_filter_sql(
     filter_groups text[],
     filter_category text,
     filter_labels text[],
-    visible_groups text[]
+    visible_groups text[],
+    filter_metadata jsonb default null
 )
 returns text
 language sql
@@ -36,13 +38,16 @@ return concat_ws(' and ', 'true',
          then format('%I.category operator(pg_catalog.=) %s', chunk_alias, category_param) end,
     case when coalesce(cardinality(filter_labels), 0) > 0
          then format('%I.labels operator(pg_catalog.@>) %s', chunk_alias, labels_param) end,
+    -- the metadata filter compiled to a constant (kb._metadata_jsonpath validated it)
+    kb._metadata_filter_sql(chunk_alias, filter_metadata),
     -- the caller's visibility (kb._access_visibility(): NULL reads everything)
     case when visible_groups is not null
          then format('(%1$I.groups operator(pg_catalog.=) ''{}''::text[] or %1$I.groups operator(pg_catalog.&&) %2$s)',
                      chunk_alias, visible_param) end);
-comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], text, text[], text[]) is
+comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], text, text[], text[], jsonb) is
     'The WHERE predicate (for EXECUTE ... USING) that applies the groups/category/labels '
-    'filters (group ''public'' also keeps chunks without groups) and the caller''s visibility (chunks without groups, or sharing one of '
+    'filters (group ''public'' also keeps chunks without groups), the metadata filter (its '
+    'compiled path a literal, sql/018) and the caller''s visibility (chunks without groups, or sharing one of '
     'visible_groups; none when NULL) to a kb.chunks alias; only the filters actually given '
     'appear, so the planner sees a plain indexable predicate.';
 
@@ -140,7 +145,8 @@ create or replace function kb._filtered_rows_estimate(
     filter_category text,
     filter_labels text[],
     visible_groups text[],
-    also_sql text default null
+    also_sql text default null,
+    filter_metadata jsonb default null
 )
 returns bigint
 language plpgsql
@@ -161,13 +167,15 @@ declare
         / pg_catalog.current_setting('block_size')::bigint, 1);
     share double precision;
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', '$4', filter_groups, filter_category, filter_labels, visible_groups);
+        'c', '$1', '$2', '$3', '$4', filter_groups, filter_category, filter_labels, visible_groups,
+        filter_metadata);
     sampled bigint;
     state kb.lexical_state;
 begin
     -- the chunks' bits in the filters' stored bitmaps (sql/045), when every chunk is in the
     -- cache (the bitmaps cover the chunks up to its watermark); 0.2 ms, not a sample
-    if visible_groups is null and kb._filter_masks_serve(filter_groups, filter_category, filter_labels) then
+    if visible_groups is null and filter_metadata is null
+       and kb._filter_masks_serve(filter_groups, filter_category, filter_labels) then
         select * into state from kb.lexical_state;
         if not exists (select 1 from kb.chunks c where c.id > state.watermark) then
             return (select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0)
@@ -194,8 +202,8 @@ begin
     return pg_catalog.round(sampled * 100 / share);
 end
 $$;
-comment on function kb._filtered_rows_estimate(text[], text, text[], text[], text) is
-    'An estimate of how many chunks the filters and the caller''s visibility (see '
+comment on function kb._filtered_rows_estimate(text[], text, text[], text[], text, jsonb) is
+    'An estimate of how many chunks the filters (the metadata filter too) and the caller''s visibility (see '
     'kb._chunk_filter_sql) keep, and also_sql when given, from a fixed sample of about 256 of '
     'the table''s pages (all of a small table): for choosing a path, never a result.';
 

@@ -27,6 +27,7 @@ create or replace function kb._search_vector(
     extra_embeddings @extschema:vector@.vector[],
     keep_filtered boolean,
     visible_groups text[],
+    metadata_filter jsonb default null,
     out chunk_ids bigint[],
     out document_ids bigint[],
     out distances double precision[],
@@ -45,12 +46,13 @@ as $$
 declare
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', '$9', _search_vector.groups, _search_vector.category,
-        _search_vector.labels, _search_vector.visible_groups);
+        _search_vector.labels, _search_vector.visible_groups, _search_vector.metadata_filter);
     -- the caller's own filters (what the caller may read is none): a scan short of the floor
     -- with one of them is explained by it and does not scan again (see the loops below)
     caller_filters constant boolean := coalesce(pg_catalog.cardinality(_search_vector.groups), 0) > 0
         or _search_vector.category is not null
-        or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0;
+        or coalesce(pg_catalog.cardinality(_search_vector.labels), 0) > 0
+        or kb._metadata_jsonpath(_search_vector.metadata_filter) is not null;
     -- {q} stands for a query embedding: $8 (the only one), e.q (one index scan each) or $4[i]
     exact_sql constant text := 'c.embedding operator(@extschema:vector@.<=>) {q}';
     order_sql text;
@@ -166,7 +168,8 @@ begin
         -- estimated (counting the rows of a 1% filter at 1M chunks took 14 ms of its 100)
         filtered_rows := kb._filtered_rows_estimate(
             _search_vector.groups, _search_vector.category, _search_vector.labels,
-            _search_vector.visible_groups, also_sql => 'c.embedding is not null');
+            _search_vector.visible_groups, also_sql => 'c.embedding is not null',
+            filter_metadata => _search_vector.metadata_filter);
         if filtered_rows < exact_limit then
             -- the filtered rows sorted exactly, read once: keep_filtered also returns their
             -- ids (those without an embedding too), which the lexical arm then masks its
@@ -298,9 +301,10 @@ begin
     end loop;
 end
 $$;
-comment on function kb._search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[], boolean, text[]) is
+comment on function kb._search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[], boolean, text[], jsonb) is
     'The vector arm (kb.search_vector) as arrays, best first: chunk ids, their documents and '
-    'cosine distances, among the chunks visible_groups lets the caller read (NULL: all). '
+    'cosine distances, among the chunks visible_groups lets the caller read (NULL: all) and '
+    'the filters keep (metadata_filter: sql/018). '
     'keep_filtered: with filters selective enough for the exact path, also the ids of every '
     'chunk the filters keep (else NULL). Internal to kb.search_vector and kb.search.';
 
@@ -311,7 +315,8 @@ create or replace function kb.search_vector(
     category text default null,
     labels text[] default null,
     min_similarity double precision default 0.30,
-    extra_embeddings @extschema:vector@.vector[] default null
+    extra_embeddings @extschema:vector@.vector[] default null,
+    filter jsonb default null
 )
 returns table (
     rank integer,
@@ -329,14 +334,15 @@ set client_min_messages = notice
 begin atomic
     select u.ord::integer, u.id, u.doc, 1 - u.distance, 1 - u.distance
       from kb._search_vector(query_embedding, match_count, groups, category, labels,
-                             min_similarity, extra_embeddings, false, kb._access_visibility()) v
+                             min_similarity, extra_embeddings, false, kb._access_visibility(),
+                             search_vector.filter) v
      cross join lateral unnest(v.chunk_ids, v.document_ids, v.distances)
            with ordinality as u(id, doc, distance, ord)
      order by u.ord;
 end;
-comment on function kb.search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[]) is
+comment on function kb.search_vector(@extschema:vector@.vector, integer, text[], text, text[], double precision, @extschema:vector@.vector[], jsonb) is
     'Vector arm: top match_count chunks by cosine similarity (score = similarity = 1 - cosine '
-    'distance) at or above min_similarity, filters applied inside the HNSW scan (iterative '
+    'distance) at or above min_similarity, filters (filter => a metadata filter, as kb.search) applied inside the HNSW scan (iterative '
     'scan) or, for very selective filters, by an exact scan; only chunks the caller may read. '
     'NULL embedding: no rows. '
     'extra_embeddings (e.g. paraphrases of the question): one scan each, a chunk ranked by its '

@@ -235,7 +235,8 @@ create or replace function kb._bm25_rank(
     filter_category text default null,
     filter_labels text[] default null,
     filter_first boolean default false,
-    visible_groups text[] default null
+    visible_groups text[] default null,
+    filter_metadata jsonb default null
 )
 returns table (rank integer, chunk_id bigint, document_id bigint, score double precision)
 language plpgsql
@@ -245,7 +246,8 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', '$11', filter_groups, filter_category, filter_labels, visible_groups);
+        'c', '$1', '$2', '$3', '$11', filter_groups, filter_category, filter_labels, visible_groups,
+        filter_metadata);
     -- filter_first: the filters keep few chunks, so match the terms on those rows rather than
     -- AND a GIN bitmap of every chunk holding a frequent term (coalesce hides @@ from GIN)
     source_sql constant text := case
@@ -267,8 +269,8 @@ begin
           kb._lexemes_tsquery(terms), candidate_ids, limit_count, visible_groups;
 end
 $$;
-comment on function kb._bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, text[]) is
+comment on function kb._bm25_rank(text[], double precision[], double precision, tsquery, bigint[], integer, text[], text, text[], boolean, text[], jsonb) is
     'Exact BM25 ranking of chunks (all chunks matching any term when candidate_ids is NULL, else '
-    'those candidates), filtered (filter_first: read the filtered rows first) and among those '
+    'those candidates), filtered (the metadata filter too; filter_first: read the filtered rows first) and among those '
     'visible_groups lets the caller read (NULL: all), best limit_count first (ties by chunk '
     'id), ranked from 1. Internal to the lexical arm.';

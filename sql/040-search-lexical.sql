@@ -213,7 +213,8 @@ create or replace function kb._search_lexical(
     category text,
     labels text[],
     filtered_ids bigint[],
-    visible_groups text[]
+    visible_groups text[],
+    metadata_filter jsonb default null
 )
 returns table (
     rank integer,
@@ -251,7 +252,7 @@ declare
     -- the caller's filters (the caller's visibility is applied apart: below)
     filter_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', '$4', _search_lexical.groups, _search_lexical.category,
-        _search_lexical.labels, null);
+        _search_lexical.labels, null, _search_lexical.metadata_filter);
     filtered_rows bigint;
     filtered_limit bigint;
     mask_limit bigint;
@@ -427,7 +428,8 @@ begin
                 estimated_rows := filtered_rows;
             else
                 estimated_rows := kb._filtered_rows_estimate(_search_lexical.groups, _search_lexical.category,
-                                                             _search_lexical.labels, null);
+                                                             _search_lexical.labels, null,
+                                                             filter_metadata => _search_lexical.metadata_filter);
             end if;
             -- few (scored directly, below) or many (an unselective filter hides few candidates:
             -- the loop below copes): counted up to filtered_limit
@@ -627,7 +629,8 @@ begin
                                                  _search_lexical.category, _search_lexical.labels,
                                                  uncached_since => state.watermark,
                                                  rare => kb._lexemes_tsquery(rare_terms),
-                                                 visible_groups => _search_lexical.visible_groups) r;
+                                                 visible_groups => _search_lexical.visible_groups,
+                                                 filter_metadata => _search_lexical.metadata_filter) r;
             else
                 select array_agg(b.chunk_id order by b.score desc, b.chunk_id),
                        array_agg(b.document_id order by b.score desc, b.chunk_id),
@@ -649,7 +652,8 @@ begin
                           from kb._bm25_rank(terms, idfs, avgdl, excluded, candidate_ids || extra_ids,
                                              _search_lexical.match_count, _search_lexical.groups,
                                              _search_lexical.category, _search_lexical.labels,
-                                             visible_groups => _search_lexical.visible_groups) r
+                                             visible_groups => _search_lexical.visible_groups,
+                                             filter_metadata => _search_lexical.metadata_filter) r
                          where filter_sql <> 'true') b;
             end if;
 
@@ -677,7 +681,8 @@ begin
                                        _search_lexical.match_count, _search_lexical.groups,
                                        _search_lexical.category, _search_lexical.labels,
                                        filter_first => filter_first,
-                                       visible_groups => _search_lexical.visible_groups);
+                                       visible_groups => _search_lexical.visible_groups,
+                                       filter_metadata => _search_lexical.metadata_filter);
         return;
     end if;
     if exhaustive then
@@ -685,7 +690,8 @@ begin
                                                  _search_lexical.match_count, _search_lexical.groups,
                                                  _search_lexical.category, _search_lexical.labels,
                                                  filter_first => filter_first,
-                                                 visible_groups => _search_lexical.visible_groups);
+                                                 visible_groups => _search_lexical.visible_groups,
+                                                 filter_metadata => _search_lexical.metadata_filter);
         return;
     end if;
     return query select u.ord::integer, u.id, u.doc, u.sc
@@ -693,9 +699,9 @@ begin
                         with ordinality as u(id, doc, sc, ord);
 end
 $$;
-comment on function kb._search_lexical(text, integer, text[], text, text[], bigint[], text[]) is
+comment on function kb._search_lexical(text, integer, text[], text, text[], bigint[], text[], jsonb) is
     'The lexical arm (kb.search_lexical) over the chunks visible_groups lets the caller read '
-    '(NULL: all); filtered_ids: the ids of every chunk the filters keep, when the caller has '
+    '(NULL: all) and the filters keep (metadata_filter: sql/018); filtered_ids: the ids of every chunk the filters keep, when the caller has '
     'read them (else NULL). Internal to kb.search_lexical and kb.search.';
 
 create or replace function kb.search_lexical(
@@ -703,7 +709,8 @@ create or replace function kb.search_lexical(
     match_count integer default 8,
     groups text[] default null,
     category text default null,
-    labels text[] default null
+    labels text[] default null,
+    filter jsonb default null
 )
 returns table (
     rank integer,
@@ -720,12 +727,12 @@ set client_min_messages = notice
 begin atomic
     select l.rank, l.chunk_id, l.document_id, l.score
       from kb._search_lexical(query_text, match_count, groups, category, labels, null,
-                              kb._access_visibility()) l;
+                              kb._access_visibility(), search_lexical.filter) l;
 end;
-comment on function kb.search_lexical(text, integer, text[], text, text[]) is
+comment on function kb.search_lexical(text, integer, text[], text, text[], jsonb) is
     'Lexical arm: exact Okapi BM25 (k1 1.2, b 0.75) top match_count chunks for a '
     'websearch_to_tsquery query in the knowledge base''s language (kb.language) with OR '
-    'semantics, filters applied, among the chunks the caller may read; fast on '
+    'semantics, filters applied (filter => a metadata filter, as kb.search), among the chunks the caller may read; fast on '
     'frequent terms through the kb.lexical_blocks impact cache, exact whatever its age. Cost '
     'bound: at most 100,000 characters and 64 excluded words (else SQLSTATE KB003); the 64 '
     'rarest distinct terms the corpus holds are scored.';

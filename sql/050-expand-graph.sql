@@ -22,7 +22,8 @@ create or replace function kb._expand_graph(
     groups text[],
     category text,
     labels text[],
-    visible_groups text[]
+    visible_groups text[],
+    metadata_filter jsonb default null
 )
 returns table (
     rank integer,
@@ -68,6 +69,8 @@ declare
     -- only the owner may raise it
     budget constant integer := coalesce(kb._tuning('kb.graph_walk_budget', 1, 1000), 1000);
     expanded integer := 0;
+    -- the metadata filter compiled once (sql/018), tested per chunk reached
+    metadata_path constant text := kb._metadata_jsonpath(_expand_graph.metadata_filter);
 begin
     if _expand_graph.max_depth is null or _expand_graph.max_depth not between 1 and 5 then
         raise exception 'max_depth must be between 1 and 5, got %', coalesce(_expand_graph.max_depth::text, 'NULL')
@@ -256,7 +259,8 @@ begin
           from kb.chunks c
          where c.id = any (found_ids)
            and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
-                                         _expand_graph.category, _expand_graph.labels);
+                                         _expand_graph.category, _expand_graph.labels)
+           and kb._metadata_holds(c.document_id, metadata_path);
         return query
         select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
                b.id, f.document_id, b.score, b.hops, b.via
@@ -281,12 +285,13 @@ begin
           where c.id = b.id
             and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
                                           _expand_graph.category, _expand_graph.labels)
+            and kb._metadata_holds(c.document_id, metadata_path)
          offset 0) c
      order by b.score desc, b.hops, b.id
      limit _expand_graph.max_returned;
 end
 $$;
-comment on function kb._expand_graph(bigint[], integer, integer, double precision, text[], text, text[], text[]) is
+comment on function kb._expand_graph(bigint[], integer, integer, double precision, text[], text, text[], text[], jsonb) is
     'The graph arm (kb.expand_graph) over the edges whose both chunks visible_groups lets the '
     'caller read (NULL: all). Internal to kb.expand_graph and kb.search.';
 
@@ -297,7 +302,8 @@ create or replace function kb.expand_graph(
     min_score double precision default 0.5,
     groups text[] default null,
     category text default null,
-    labels text[] default null
+    labels text[] default null,
+    filter jsonb default null
 )
 returns table (
     rank integer,
@@ -316,10 +322,10 @@ set client_min_messages = notice
 begin atomic
     select g.rank, g.chunk_id, g.document_id, g.score, g.depth, g.via_chunk_id
       from kb._expand_graph(seed_chunk_ids, max_depth, max_returned, min_score, groups, category,
-                            labels, kb._access_visibility()) g;
+                            labels, kb._access_visibility(), expand_graph.filter) g;
 end;
-comment on function kb.expand_graph(bigint[], integer, integer, double precision, text[], text, text[]) is
+comment on function kb.expand_graph(bigint[], integer, integer, double precision, text[], text, text[], jsonb) is
     'Graph arm: chunks within max_depth hops of the seeds over kb.edges (both directions), '
     'scored by the product of edge weights, at least min_score, best max_returned first, '
-    'filtered; returns the hop count and the chunk each was reached from. Only edges between '
+    'filtered (filter => a metadata filter, as kb.search); returns the hop count and the chunk each was reached from. Only edges between '
     'chunks the caller may read are walked.';

@@ -41,7 +41,8 @@ create or replace function kb.search(
     graph_max_returned integer default 3,
     graph_min_score double precision default 0.5,
     extra_embeddings @extschema:vector@.vector[] default null,
-    rerank_pool integer default null
+    rerank_pool integer default null,
+    filter jsonb default null
 )
 returns table (
     rank integer,
@@ -117,6 +118,8 @@ begin
             using errcode = '22023', hint = 'pass query text, a query embedding, or both';
     end if;
     perform kb._check_query_embedding(search.query_embedding);
+    -- a bad metadata filter is the caller's error (KB004), said before any arm runs
+    perform kb._metadata_jsonpath(search.filter);
     if search.vector_weight is null and vector_w = 0
        and (search.query_embedding is not null or search.extra_embeddings is not null) then
         raise notice 'kbpg: % does not know the knowledge base''s language (%): its vector arm is left out of the fusion',
@@ -143,7 +146,7 @@ begin
                                  keep_filtered => search.use_lexical and has_text
                                      and not kb._filter_masks_serve(search.groups, search.category,
                                                                     search.labels),
-                                 visible_groups => visible) v;
+                                 visible_groups => visible, metadata_filter => search.filter) v;
     end if;
 
     if search.use_lexical and has_text then
@@ -152,7 +155,7 @@ begin
                    coalesce(array_agg(l.document_id order by l.rank), '{}')
               into lexical_ids, lexical_docs
               from kb._search_lexical(search.query_text, pool, search.groups, search.category,
-                                      search.labels, filtered_ids, visible) l;
+                                      search.labels, filtered_ids, visible, search.filter) l;
         exception when others then
             -- a query over the cost bound (KB003) is the caller's to fix, not a broken arm
             if sqlstate = 'KB003' then
@@ -172,7 +175,7 @@ begin
           from kb._expand_graph(case when cardinality(vector_ids) > 0 then vector_ids else lexical_ids end,
                                 search.graph_max_depth, search.graph_max_returned,
                                 search.graph_min_score, search.groups, search.category,
-                                search.labels, visible) g;
+                                search.labels, visible, search.filter) g;
     end if;
 
     vector_only := cardinality(lexical_ids) = 0 and cardinality(graph_ids) = 0;
@@ -229,11 +232,13 @@ exception when others or query_canceled then
     raise exception using errcode = err_state, message = err_message;
 end
 $$;
-comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer) is
+comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. Filters: '
     'groups => chunks in any of the groups, category => that category, labels => chunks '
-    'carrying all of the labels. NULL '
+    'carrying all of the labels, filter => a metadata filter on the documents'' metadata '
+    '(langchain-postgres''s operators: {"year": {"$gte": 2020}, "author.name": {"$ilike": '
+    '"ann%"}, "$or": [...]}; a bad one: SQLSTATE KB004). NULL '
     'embedding: lexical (+ graph) only. vector_weight NULL: kb._default_vector_weight() (0 when '
     'the embedding model does not know the knowledge base''s language). extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '

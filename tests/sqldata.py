@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg.types.json import Jsonb
 
 
 def vec(values: Sequence[float]) -> str:
@@ -22,11 +23,12 @@ def add_doc(
     groups: Sequence[str] = (),
     category: str | None = None,
     labels: Sequence[str] = (),
+    metadata: Mapping[str, Any] | None = None,
 ) -> int:
     row = conn.execute(
-        "insert into kb.documents (source, title, category, groups, labels, content_hash)"
-        " values (%s, %s, %s, %s, %s, 'h') returning id",
-        (source, source.upper(), category, list(groups), list(labels)),
+        "insert into kb.documents (source, title, category, groups, labels, metadata, content_hash)"
+        " values (%s, %s, %s, %s, %s, %s, 'h') returning id",
+        (source, source.upper(), category, list(groups), list(labels), Jsonb(metadata or {})),
     ).fetchone()
     assert row is not None
     return int(row[0])

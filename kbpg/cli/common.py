@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import click
 
 from kbpg.config import Settings
-from kbpg.errors import KbpgError
+from kbpg.errors import InvalidInput, KbpgError
 from kbpg.ingest.sources import printable
-from kbpg.search.request import Option
+from kbpg.search.request import Option, combine_filters, parse_filter
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
@@ -196,9 +196,19 @@ def _search_option(name: str, option: Option, default: Any = None) -> Callable[[
         kwargs["type"] = _FiniteFloatRange(option.minimum, option.maximum)
     elif option.kind == "texts":
         kwargs.update(multiple=True, metavar=option.metavar, default=())
+    elif option.kind == "filter":  # JSON or KEY=VALUE, repeatable: one filter, all of them
+        kwargs.update(multiple=True, metavar=option.metavar, default=(), callback=_filters)
     else:
         kwargs["metavar"] = option.metavar
     return click.option(*decls, **kwargs)
+
+
+def _filters(ctx: click.Context, param: click.Parameter, values: tuple[str, ...]) -> Any:
+    try:
+        return combine_filters(tuple(parse_filter(v) for v in values))
+    except InvalidInput as exc:
+        message = exc.message + (f" ({exc.hint})" if exc.hint else "")
+        raise click.BadParameter(message, ctx=ctx, param=param) from None
 
 
 class _FiniteFloatRange(click.FloatRange):

@@ -7,7 +7,9 @@ pipeline.
 
 from __future__ import annotations
 
+import json
 import math
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import TYPE_CHECKING, Any, Literal
@@ -17,7 +19,7 @@ from kbpg.errors import InvalidInput
 if TYPE_CHECKING:
     from kbpg.config import Settings
 
-Kind = Literal["query", "int", "float", "bool", "text", "texts"]
+Kind = Literal["query", "int", "float", "bool", "text", "texts", "filter"]
 _METADATA_KEY = "kbpg"
 
 
@@ -28,6 +30,7 @@ _SQL_TYPES: dict[Kind, str] = {
     "bool": "boolean",
     "text": "text",
     "texts": "text[]",
+    "filter": "jsonb",
 }
 
 
@@ -83,6 +86,11 @@ class SearchRequest:
     labels: tuple[str, ...] | None = _field(
         "texts", "Only chunks labelled L (repeatable: carrying all of the labels).", flag="--label",
         metavar="L")
+    filter: Mapping[str, Any] | None = _field(
+        "filter", "Only documents whose metadata matches: a JSON filter with langchain-postgres's "
+        "operators ($eq $ne $gt $gte $lt $lte $in $nin $between $exists $like $ilike $and $or "
+        "$not), e.g. '{\"year\": {\"$gte\": 2020}}', or the short form KEY=VALUE, KEY>=VALUE "
+        "(also != > < <=; repeatable: all hold).", metavar="FILTER")
     min_similarity: float | None = _field(
         "float", "Similarity floor of the vector arm.", -1.0, 1.0,
         default_note="0.30, set in SQL", tuning=True)
@@ -213,6 +221,68 @@ def _check_number(name: str, option: Option, value: object) -> int | float:
     return value if integral else float(value)
 
 
+def _check_filter(name: str, value: object) -> dict[str, Any] | None:
+    """A metadata filter: a JSON object (its operators are checked in SQL, kb._metadata_jsonpath,
+    the one place psql, the CLI, HTTP and the adapters share); {} is no filter."""
+    if not isinstance(value, Mapping):
+        raise InvalidInput(
+            f"{name} must be a JSON object, not {type(value).__name__}",
+            hint='for example {"year": {"$gte": 2020}, "lang": "de"}',
+        )
+    try:
+        text = json.dumps(value, allow_nan=False, ensure_ascii=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidInput(f"{name} is not JSON: {exc}") from None
+    if not _is_utf8(text) or "\\u0000" in text:
+        raise InvalidInput(f"{name} must be UTF-8 text without NUL characters")
+    filter_: dict[str, Any] = json.loads(text)
+    return filter_ or None
+
+
+# the short form of a filter, one condition: KEY OP VALUE (the first operator found)
+_SHORT_FILTER = re.compile(
+    r"^\s*(?P<key>[^=!<>]+?)\s*(?P<op>>=|<=|!=|=|>|<)\s*(?P<value>.*?)\s*$", re.S
+)
+_SHORT_OPERATORS = {"=": "$eq", "!=": "$ne", ">": "$gt", ">=": "$gte", "<": "$lt", "<=": "$lte"}
+
+
+def parse_filter(text: str) -> dict[str, Any]:
+    """A filter as the CLI takes it: a JSON object, or one condition KEY=VALUE (also !=, >, >=,
+    <, <=; VALUE a JSON number, true, false, null or "string", else the text as it is)."""
+    if text.lstrip().startswith("{"):
+        try:
+            parsed = json.loads(text)
+        except ValueError as exc:
+            raise InvalidInput(
+                f"the filter is not valid JSON: {exc}",
+                hint='quote it for the shell: --filter \'{"year": {"$gte": 2020}}\'',
+            ) from None
+        return dict(_check_filter("filter", parsed) or {})
+    match = _SHORT_FILTER.match(text)
+    if match is None:
+        raise InvalidInput(
+            f"cannot read the filter {_shown(text)}",
+            hint="a JSON object, or KEY=VALUE, KEY>=VALUE (also !=, >, <, <=)",
+        )
+    raw = match["value"]
+    try:
+        value: Any = json.loads(raw)
+    except ValueError:
+        value = raw
+    if isinstance(value, (dict, list)):
+        value = raw  # a list or an object is no value to compare with: the text as it is
+    op = _SHORT_OPERATORS[match["op"]]
+    return {match["key"]: value if op == "$eq" else {op: value}}
+
+
+def combine_filters(filters: tuple[Mapping[str, Any], ...]) -> dict[str, Any] | None:
+    """Several filters that must all hold, as one ($and), or None for none."""
+    given = [dict(f) for f in filters if f]
+    if not given:
+        return None
+    return given[0] if len(given) == 1 else {"$and": given}
+
+
 def check(name: str, value: Any) -> Any:
     """Option `name`'s value, normalised (lists -> tuples, [] -> None), or InvalidInput.
 
@@ -236,6 +306,8 @@ def check(name: str, value: Any) -> Any:
         return value
     if option.kind == "text":
         return _check_text(name, value)
+    if option.kind == "filter":
+        return _check_filter(name, value)
     if isinstance(value, (str, bytes)) or not isinstance(value, (list, tuple)):
         raise InvalidInput(f"{name} must be a list of strings, not {type(value).__name__}")
     items = tuple(_check_text(name, item) for item in value)
@@ -253,10 +325,18 @@ def check_options(options: Mapping[str, Any]) -> dict[str, Any]:
 def sql_arguments(options: Mapping[str, Any]) -> dict[str, Any]:
     """kb.search's named arguments for validated options; None is left to the SQL default."""
     return {
-        OPTIONS[name].sql: list(value) if isinstance(value, tuple) else value
+        OPTIONS[name].sql: _sql_value(value)
         for name, value in options.items()
         if value is not None and not OPTIONS[name].stage
     }
+
+
+def _sql_value(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return list(value)
+    if isinstance(value, Mapping):  # a filter: JSON text, cast to jsonb by the call
+        return json.dumps(value, ensure_ascii=False)
+    return value
 
 
 def sql_types() -> dict[str, str]:

@@ -77,6 +77,7 @@ _PYTHON_TYPES: dict[str, Any] = {
     "bool": bool,
     "text": str,
     "texts": list[str],
+    "filter": dict[str, Any],
 }
 
 

@@ -139,6 +139,7 @@ TOOL_ARGUMENTS: dict[str, dict[str, tuple[str, bool]]] = {
         "groups": ("list of strings", False),
         "category": ("string", False),
         "labels": ("list of strings", False),
+        "filter": ("object", False),
     },
     "list_documents": {
         "group": ("string", False),
@@ -249,6 +250,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         groups: Annotated[list[str] | None, Field(description=_described("groups"))] = None,
         category: Annotated[str | None, Field(description=_described("category"))] = None,
         labels: Annotated[list[str] | None, Field(description=_described("labels"))] = None,
+        filter: Annotated[dict[str, Any] | None, Field(description=_described("filter"))] = None,
     ) -> CallToolResult:
         with _tool_errors():
             request = SearchRequest(
@@ -257,6 +259,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
                 groups=None if groups is None else tuple(groups),
                 category=category,
                 labels=None if labels is None else tuple(labels),
+                filter=filter,
             )
         return tools.search(request)
 

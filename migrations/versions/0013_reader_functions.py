@@ -111,15 +111,28 @@ drop function if exists kb._access_groups_of(oid);
 drop function if exists kb._access_reads_all_as(oid);
 drop function if exists kb._access_caller();
 -- kept, replaced by the previous package's files: callable by every role again, as they were
-alter function kb.search(text, vector, integer, text[], text, text[], double precision, integer,
-                         integer, integer, double precision, double precision, double precision,
-                         boolean, boolean, integer, integer, double precision, vector[], integer)
-    security invoker;
+-- (kb.search's signature of this revision: a later revision's downgrade may have dropped it,
+-- its package's files create it again)
+do $do$
+begin
+    if pg_catalog.to_regprocedure('kb.search(text, vector, integer, text[], text, text[], '
+            'double precision, integer, integer, integer, double precision, double precision, '
+            'double precision, boolean, boolean, integer, integer, double precision, vector[], '
+            'integer)') is not null then
+        alter function kb.search(text, vector, integer, text[], text, text[], double precision,
+                                 integer, integer, integer, double precision, double precision,
+                                 double precision, boolean, boolean, integer, integer,
+                                 double precision, vector[], integer)
+            security invoker;
+        grant execute on function kb.search(text, vector, integer, text[], text, text[],
+                                            double precision, integer, integer, integer,
+                                            double precision, double precision, double precision,
+                                            boolean, boolean, integer, integer, double precision,
+                                            vector[], integer) to public;
+    end if;
+end
+$do$;
 alter function kb.list_grants(text) security invoker;
-grant execute on function kb.search(text, vector, integer, text[], text, text[], double precision,
-                                    integer, integer, integer, double precision, double precision,
-                                    double precision, boolean, boolean, integer, integer,
-                                    double precision, vector[], integer) to public;
 grant execute on function kb.list_grants(text) to public;
 """
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -172,6 +173,50 @@ def test_each_arm_alone_respects_visibility(enforced: AccessKb) -> None:
     with akb.connect("walt") as conn:
         walked = walk(conn, i["P1"])
         assert walked == [i["F1"], i["H1"], i["H2"], i["B1"]]  # 0.9, 0.81, 0.648, 0.6
+
+
+def test_a_metadata_filter_never_matches_a_hidden_document(enforced: AccessKb) -> None:
+    """A reader's metadata filter selects among the chunks it may read: the finance document's
+    metadata matches the filter, and alice (hr) still finds nothing of it, in any arm."""
+    akb = enforced
+    i = akb.ids
+    with akb.connect("owner") as conn:
+        conn.execute(
+            "update kb.documents set metadata = %s where id in (%s, %s)",
+            ('{"quarter": "q3"}', i["fin"], i["hr"]),
+        )
+    only_q3 = json.dumps({"quarter": "q3"})
+    calls = [
+        "select chunk_id from kb.search('parking permit salary budget', %(e)s::vector,"
+        " match_count => 10, filter => %(f)s) order by rank",
+        "select chunk_id from kb.search('parking permit salary budget', match_count => 10,"
+        " filter => %(f)s) order by rank",
+        "select chunk_id from kb.search_lexical('parking permit salary budget', 10,"
+        " filter => %(f)s) order by rank",
+        "select chunk_id from kb.search_vector(%(e)s::vector, 10, min_similarity => -1,"
+        " filter => %(f)s) order by rank",
+        "select chunk_id from kb.expand_graph(%(seeds)s, max_depth => 3, max_returned => 10,"
+        " min_score => 0.1, filter => %(f)s) order by rank",
+    ]
+    seen = {}
+    for who in ("alice", "bob", "dave", "walt"):
+        with akb.connect(who) as conn:
+            found: set[int] = set()
+            for sql in calls:
+                found |= set(
+                    chunk_ids(
+                        conn,
+                        sql,
+                        {"e": vec([1, 0, 0]), "f": only_q3, "seeds": [i["P1"], i["B1"]]},
+                    )
+                )
+            seen[who] = found
+    assert seen == {
+        "alice": {i["H1"], i["H2"]},
+        "bob": {i["F1"], i["F2"]},
+        "dave": set(),
+        "walt": {i["H1"], i["H2"], i["F1"], i["F2"]},
+    }
 
 
 def test_lexical_cache_rows_are_split_by_class_and_hidden(enforced: AccessKb) -> None:

@@ -36,6 +36,9 @@ INLINED = [
     "kb._bm25_score",
     "kb._distributed",
     "kb._visible_to",
+    "kb._metadata_match_sql",
+    "kb._metadata_filter_sql",
+    "kb._metadata_holds",
 ]
 
 FROZEN = {
