@@ -8,7 +8,8 @@ prepared statements off so every call is planned like a psql call):
 
   kb.search (hybrid, lexical-only, a 1%-group filter paired with the same with the filter
   value caches off, a 1% filter by group and category paired with the same with the filter
-  bitmaps off), kb.search_vector, kb.search_lexical (impact
+  bitmaps off, a 1% metadata filter paired with the group filter keeping the same chunks),
+  kb.search_vector, kb.search_lexical (impact
   cache) and its bulk step alone (the block sums), the same BM25 without the cache
   (exhaustive), a ts_rank_cd OR-query arm, and client-side fusion (plain HNSW query +
   ts_rank_cd query + RRF in Python); then the cached BM25 against the exhaustive one and the
@@ -84,6 +85,14 @@ def word_distribution(rng: random.Random) -> tuple[list[str], np.ndarray, list[s
     return words, freq / freq.sum(), queries
 
 
+def metadata(d: int) -> str:
+    """Document d's metadata (JSON): its product p{d % 100} (the same 1% of the documents as
+    group g{d % 100}), a year and a nested author, as front matter gives them."""
+    return json.dumps(
+        {"product": f"p{d % 100}", "year": 2000 + d % 25, "author": {"name": f"a{d % 37}"}}
+    )
+
+
 def load(
     conn: psycopg.Connection[Any],
     url: str,
@@ -118,11 +127,11 @@ def load(
     started = time.perf_counter()
     with conn.cursor() as cur:
         with cur.copy(
-            "copy kb.documents (source, title, category, groups, content_hash) from stdin"
+            "copy kb.documents (source, title, category, groups, metadata, content_hash) from stdin"
         ) as copy:
             for d in range(n_docs):
                 group, category = labels(d)
-                copy.write_row((f"doc-{d}", f"Document {d}", category, [group], "h"))
+                copy.write_row((f"doc-{d}", f"Document {d}", category, [group], metadata(d), "h"))
         doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
     conn.commit()
 
@@ -726,6 +735,14 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
             conn.execute("delete from kb.lexical_filter_caches")
             return search_filtered(item)
 
+    def search_metadata_filtered(item: tuple[str, np.ndarray]) -> list[Any]:
+        # the same 1% of the chunks as g7 (document d: p{d % 100}), through a metadata filter
+        return conn.execute(
+            f"select chunk_id from {target['kb']}.search(%s, %s, match_count => 8,"
+            """ filter => '{"product": "p7"}')""",
+            item,
+        ).fetchall()
+
     def search_group_category(item: tuple[str, np.ndarray]) -> list[Any]:
         # the same 1% of the chunks as g7 alone (document d: g{d % 100}, cat{d % 10}), through
         # a filter of two columns: the bitmaps of both, ANDed per block (revision 0019)
@@ -805,6 +822,7 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         ("kb.search lexical only (NULL embedding)", search_text),
         ("kb.search hybrid, 1% group filter", search_filtered),
         ("kb.search hybrid, 1% group + category filter", search_group_category),
+        ("kb.search hybrid, 1% metadata filter", search_metadata_filtered),
         ("kb.search_vector (pool 32)", vector_arm),
         ("kb.search_lexical BM25 (pool 32)", lexical_arm),
         ("  block sums of all query terms, no top-k", lexical_block_sums),
@@ -821,6 +839,11 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
         "kb.search hybrid, 1% group + category filter": (
             "  same, filter bitmaps off (per-query mask)",
             search_group_category_per_query_mask,
+        ),
+        # the same chunks as the 1% group filter: the ratio is the target's (<= 1.5)
+        "kb.search hybrid, 1% metadata filter": (
+            "  the same 1% as a group filter",
+            search_filtered,
         ),
     }
     if args.only:
