@@ -282,13 +282,17 @@ def _brute_matches(meta: dict[str, Any], filter_: dict[str, Any]) -> bool:
     return True
 
 
-BRUTE_FILTERS: list[dict[str, Any]] = [
-    {"lang": "de"},
-    {"n": {"$gte": 7}},
-    {"n": {"$lt": 1}},
-    {"$or": [{"lang": "it"}, {"n": 3}]},
-    {"lang": {"$in": ["fr", "en"]}, "n": {"$gte": 5}},
-    {"lang": {"$ne": "de"}},
+# (filter, group): with a group, the group's stored bitmaps mask the impact cache and the
+# metadata filter applies when the candidates are rescored
+BRUTE_FILTERS: list[tuple[dict[str, Any], str | None]] = [
+    ({"lang": "de"}, None),
+    ({"n": {"$gte": 7}}, None),
+    ({"n": {"$lt": 1}}, None),
+    ({"$or": [{"lang": "it"}, {"n": 3}]}, None),
+    ({"lang": {"$in": ["fr", "en"]}, "n": {"$gte": 5}}, None),
+    ({"lang": {"$ne": "de"}}, None),
+    ({"n": {"$gte": 5}}, "g1"),
+    ({"lang": "fr"}, "g2"),
 ]
 
 
@@ -302,11 +306,11 @@ def corpus(
     embeddings: dict[int, list[float]] = {}
     for i in range(400):
         meta = {"n": i % 10, "lang": LANGS[rng.randrange(4)]}
-        doc = add_doc(conn, f"doc{i}.md", metadata=meta)
+        doc = add_doc(conn, f"doc{i}.md", groups=[f"g{i % 3}"], metadata=meta)
         text = " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12)))
         embedding = [rng.uniform(-1, 1) for _ in range(8)]
         chunk = add_chunk(conn, doc, text, embedding)
-        metadata[chunk] = meta
+        metadata[chunk] = {**meta, "group": f"g{i % 3}"}
         embeddings[chunk] = embedding
     return metadata, embeddings
 
@@ -321,20 +325,25 @@ def test_filtered_rankings_equal_the_brute_force_reference(conn, corpus, path):
     metadata, embeddings = corpus
     lexical_path(conn, path)
     query_vector = [0.3, -0.2, 0.9, 0.1, -0.5, 0.4, 0.0, 0.2]
-    for filter_ in BRUTE_FILTERS:
-        kept = {c for c, meta in metadata.items() if _brute_matches(meta, filter_)}
+    everything = run(conn, "select chunk_id from kb.search_lexical('permit fee zone', 1000)", None)
+    for filter_, group in BRUTE_FILTERS:
+        kept = {
+            c
+            for c, meta in metadata.items()
+            if _brute_matches(meta, filter_) and group in (None, meta["group"])
+        }
         assert 0 < len(kept) < len(metadata)
         # BM25 statistics are the whole corpus's: the unfiltered ranking cut to the kept chunks
-        everything = run(
-            conn, "select chunk_id from kb.search_lexical('permit fee zone', 1000)", None
-        )
         expected = [c for c in everything if c in kept][:10]
-        got = run(
-            conn,
-            "select chunk_id from kb.search_lexical('permit fee zone', 10, filter => %(f)s)",
-            filter_,
-        )
-        assert got == expected, filter_
+        got = [
+            int(r[0])
+            for r in conn.execute(
+                "select chunk_id from kb.search_lexical('permit fee zone', 10, groups => %s,"
+                " filter => %s)",
+                (None if group is None else [group], json.dumps(filter_)),
+            ).fetchall()
+        ]
+        assert got == expected, (filter_, group)
         by_similarity = sorted(kept, key=lambda c: (-_cosine(embeddings[c], query_vector), c))
         expected_vector = [c for c in by_similarity if _cosine(embeddings[c], query_vector) >= 0.3][
             :10
@@ -342,8 +351,8 @@ def test_filtered_rankings_equal_the_brute_force_reference(conn, corpus, path):
         got_vector = [
             int(r[0])
             for r in conn.execute(
-                "select chunk_id from kb.search_vector(%s::vector, 10, filter => %s)",
-                (vec(query_vector), json.dumps(filter_)),
+                "select chunk_id from kb.search_vector(%s::vector, 10, groups => %s, filter => %s)",
+                (vec(query_vector), None if group is None else [group], json.dumps(filter_)),
             ).fetchall()
         ]
-        assert got_vector == expected_vector, filter_
+        assert got_vector == expected_vector, (filter_, group)
