@@ -32,12 +32,12 @@ declare
     path text := '$';
 begin
     if key = '' or pg_catalog.array_position(parts, '') is not null then
-        raise exception 'metadata filter: the key "%" at % has an empty part', key, at
+        raise exception 'the key "%" at % has an empty part', key, at
             using errcode = 'KB004',
                   hint = 'keys are metadata fields, nested ones dotted: {"author.name": "Ann"}';
     end if;
     if pg_catalog.cardinality(parts) > 16 then
-        raise exception 'metadata filter: the key "%" at % is nested % deep, over the limit of 16',
+        raise exception 'the key "%" at % is nested % deep, over the limit of 16',
                 key, at, pg_catalog.cardinality(parts)
             using errcode = 'KB003', hint = 'name a field at most 16 levels down';
     end if;

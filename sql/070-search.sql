@@ -10,7 +10,9 @@
 -- leaves the vector arm alone, with a NOTICE. similarity is the cosine similarity of every
 -- returned chunk when an embedding is given (also of chunks only other arms found), else NULL;
 -- vector_rank / lexical_rank / graph_rank are each arm's rank (from 1), NULL where it missed;
--- fused_rank is the rank after fusion, before the per-document cap.
+-- fused_rank is the rank after fusion (and recency), before the per-document cap.
+-- recency => '30 days' (a half-life): after fusion, each fused score times 0.5 per half-life of
+-- its document's age (its date under recency_key in the metadata, else its updated_at).
 -- vector_weight NULL (the default) is kb._default_vector_weight(): 1, or 0 when the embedding
 -- model does not know the knowledge base's language (an English-only model on Russian text);
 -- any weight given overrides it.
@@ -42,7 +44,9 @@ create or replace function kb.search(
     graph_min_score double precision default 0.5,
     extra_embeddings @extschema:vector@.vector[] default null,
     rerank_pool integer default null,
-    filter jsonb default null
+    filter jsonb default null,
+    recency interval default null,
+    recency_key text default null
 )
 returns table (
     rank integer,
@@ -96,6 +100,9 @@ declare
     err_hint text;
     -- NULL: 1, or 0 when the embedding model does not know the knowledge base's language
     vector_w constant double precision := coalesce(search.vector_weight, kb._default_vector_weight());
+    -- recency: the path of a document's date in its metadata (a date or a timestamp), else
+    -- its updated_at
+    recency_path text;
 begin
     perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -120,6 +127,23 @@ begin
     perform kb._check_query_embedding(search.query_embedding);
     -- a bad metadata filter is the caller's error (KB004), said before any arm runs
     perform kb._metadata_jsonpath(search.filter);
+    if search.recency is not null
+       and (search.recency <= interval '0' or pg_catalog.isfinite(search.recency) is not true) then
+        raise exception 'recency must be a positive half-life, got %', search.recency
+            using errcode = '22023', hint = 'a half-life such as ''30 days'': a chunk that old counts half';
+    end if;
+    if search.recency_key is not null then
+        if search.recency is null then
+            raise exception 'recency_key given without recency'
+                using errcode = '22023', hint = 'pass recency => ''30 days'' (a half-life) too';
+        end if;
+        recency_path := kb._metadata_key_path(search.recency_key, 'recency_key')
+            || '.datetime() ? (@.type() == "date" || @.type() starts with "timestamp")';
+    end if;
+    if search.recency is not null and distributed then
+        raise exception 'recency is not available on a distributed knowledge base yet'
+            using errcode = '0A000', hint = 'search without recency, or order the results by date yourself';
+    end if;
     if search.vector_weight is null and vector_w = 0
        and (search.query_embedding is not null or search.extra_embeddings is not null) then
         raise notice 'kbpg: % does not know the knowledge base''s language (%): its vector arm is left out of the fusion',
@@ -199,6 +223,29 @@ begin
     if fused_ids is null then
         return;
     end if;
+    if search.recency is not null then
+        -- recency, after fusion and never inside an arm: each fused score times 0.5 per
+        -- half-life of its document's age (its date under recency_key, else updated_at; a
+        -- date in the future counts as today), the order then taken again (ties: the fused
+        -- order) before the per-document cap
+        select array_agg(r.id order by r.score desc, r.ord), array_agg(r.doc order by r.score desc, r.ord),
+               array_agg(r.score order by r.score desc, r.ord), array_agg(r.vr order by r.score desc, r.ord),
+               array_agg(r.lr order by r.score desc, r.ord), array_agg(r.gr order by r.score desc, r.ord)
+          into fused_ids, fused_docs, fused_scores, fused_vector_ranks, fused_lexical_ranks,
+               fused_graph_ranks
+          from (select u.id, u.doc, u.vr, u.lr, u.gr, u.ord,
+                       u.score * pg_catalog.power(0.5::float8,
+                           greatest(pg_catalog.date_part('epoch', pg_catalog.now() - coalesce(
+                               (pg_catalog.jsonb_path_query_first_tz(
+                                    d.metadata, recency_path::pg_catalog.jsonpath, '{}', true)
+                                #>> '{}')::timestamptz,
+                               d.updated_at)), 0)
+                           / pg_catalog.date_part('epoch', search.recency)) as score
+                  from unnest(fused_ids, fused_docs, fused_scores, fused_vector_ranks,
+                              fused_lexical_ranks, fused_graph_ranks)
+                       with ordinality as u(id, doc, score, vr, lr, gr, ord)
+                  join kb.documents d on d.id = u.doc) r;
+    end if;
 
     return query
     select p.rank, c.id, c.document_id, d.source, d.title, c.section, c.content,
@@ -232,13 +279,16 @@ exception when others or query_canceled then
     raise exception using errcode = err_state, message = err_message;
 end
 $$;
-comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb) is
+comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb, interval, text) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. Filters: '
     'groups => chunks in any of the groups, category => that category, labels => chunks '
     'carrying all of the labels, filter => a metadata filter on the documents'' metadata '
     '(langchain-postgres''s operators: {"year": {"$gte": 2020}, "author.name": {"$ilike": '
-    '"ann%"}, "$or": [...]}; a bad one: SQLSTATE KB004). NULL '
+    '"ann%"}, "$or": [...]}; a bad one: SQLSTATE KB004). recency => ''30 days'': after '
+    'fusion, each score halves per half-life of its document''s age (its date under '
+    'recency_key in the metadata, else updated_at); score and fused_rank are then the decayed '
+    'ones. NULL '
     'embedding: lexical (+ graph) only. vector_weight NULL: kb._default_vector_weight() (0 when '
     'the embedding model does not know the knowledge base''s language). extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '

@@ -19,7 +19,7 @@ from kbpg.errors import InvalidInput
 if TYPE_CHECKING:
     from kbpg.config import Settings
 
-Kind = Literal["query", "int", "float", "bool", "text", "texts", "filter"]
+Kind = Literal["query", "int", "float", "bool", "text", "texts", "filter", "interval"]
 _METADATA_KEY = "kbpg"
 
 
@@ -31,6 +31,7 @@ _SQL_TYPES: dict[Kind, str] = {
     "text": "text",
     "texts": "text[]",
     "filter": "jsonb",
+    "interval": "interval",
 }
 
 
@@ -91,6 +92,13 @@ class SearchRequest:
         "operators ($eq $ne $gt $gte $lt $lte $in $nin $between $exists $like $ilike $and $or "
         "$not), e.g. '{\"year\": {\"$gte\": 2020}}', or the short form KEY=VALUE, KEY>=VALUE "
         "(also != > < <=; repeatable: all hold).", metavar="FILTER")
+    recency: str | None = _field(
+        "interval", "Favour recent documents: after fusion, a score halves per this much of "
+        "its document's age (a half-life such as '30 days'; the date from --recency-key, else "
+        "when the document was last ingested).", default_note="off", metavar="HALF-LIFE")
+    recency_key: str | None = _field(
+        "text", "The metadata key holding a document's date for --recency (an ISO date; dotted "
+        "for nested keys).", metavar="KEY")
     min_similarity: float | None = _field(
         "float", "Similarity floor of the vector arm.", -1.0, 1.0,
         default_note="0.30, set in SQL", tuning=True)
@@ -304,7 +312,7 @@ def check(name: str, value: Any) -> Any:
         if not isinstance(value, bool):
             raise InvalidInput(f"{name} must be true or false, not {_shown(value)}")
         return value
-    if option.kind == "text":
+    if option.kind in ("text", "interval"):  # an interval's syntax is PostgreSQL's to judge
         return _check_text(name, value)
     if option.kind == "filter":
         return _check_filter(name, value)

@@ -78,6 +78,7 @@ _PYTHON_TYPES: dict[str, Any] = {
     "text": str,
     "texts": list[str],
     "filter": dict[str, Any],
+    "interval": str,
 }
 
 

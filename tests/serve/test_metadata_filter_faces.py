@@ -75,6 +75,16 @@ def test_the_cli_takes_json_and_the_short_form_alike(env: dict[str, str]) -> Non
     assert cli_sources(env, "--filter", "updated!=2025-01-20", "--filter", "updated>2025") == set()
 
 
+def test_recency_puts_the_newest_page_first(env: dict[str, str]) -> None:
+    # a 30-day half-life: five months between the two newest pages is a factor of 2^-5
+    result = cli(env, "--json", "--recency", "30 days", "--recency-key", "updated")
+    assert result.exit_code == 0, result.stderr
+    chunks = json.loads(result.stdout)["chunks"]
+    assert Path(chunks[0]["source"]).name == "residential-permits.md"
+    bad = cli(env, "--recency", "soon")
+    assert bad.exit_code == 1 and "soon" in bad.stderr
+
+
 @pytest.mark.parametrize(
     ("value", "code", "message"),
     [

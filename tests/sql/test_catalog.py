@@ -92,7 +92,7 @@ EXPECTED_VOLATILITY = {
     "kb.cap_per_document(bigint[],bigint[],integer)": "i",
     "kb.search(text,vector,integer,text[],text,text[],double precision,integer,integer,integer,"
     "double precision,double precision,double precision,boolean,boolean,integer,integer,"
-    "double precision,vector[],integer,jsonb)": "s",
+    "double precision,vector[],integer,jsonb,interval,text)": "s",
 }
 
 WRITES = re.compile(
