@@ -21,6 +21,12 @@ PARKING = {p.name for p in (REPO_ROOT / "samples/kb/parking").glob("*.md")}
 # accessible 2023-11-02, fines 2024-03-15, renew 2025-01-20, residential 2025-06-30, visitor
 # 2024-09-01)
 EXPECTED: dict[str, set[str] | None] = {
+    """SELECT s.rank, s.source, h.snippet, h.highlights
+  FROM kb.search('parking permit', filter => '{"updated": {"$gte": "2025-01-01"}}') s,
+       kb.highlight(s.content, 'parking permit', 120) h;""": {
+        "renew-permit.md",
+        "residential-permits.md",
+    },
     # the newest page first (checked on the first row below)
     """kbpg search "parking permit" --recency "30 days" --recency-key updated --filter '{"updated": {"$exists": true}}'""": None,
     """kbpg search "parking permit" --filter '{"updated": {"$gte": "2025-01-01"}}'""": {

@@ -198,7 +198,8 @@ def search(
     elif context_only:
         click.echo(result.context, nl=False)
     else:
-        click.echo(output.render_toon(result))
+        terminal = sys.stdout.isatty()  # the query's words in bold on a terminal only
+        click.echo(output.render_toon(result, bold=terminal))
     if explain:
         click.echo(output.render_explain(result), err=True)
 

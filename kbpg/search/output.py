@@ -7,25 +7,63 @@ from typing import Any
 
 import toon_format
 
-from kbpg.search.results import SearchResult
+from kbpg.search.results import Chunk, SearchResult
 
 PREVIEW_CHARS = 80
+BOLD, PLAIN = "\x1b[1m", "\x1b[0m"
 
 
-def preview(text: str, width: int = PREVIEW_CHARS) -> str:
-    """The first `width` characters of a chunk on one line, whitespace collapsed."""
-    flat = " ".join(text.split())
-    return flat if len(flat) <= width else flat[: width - 1].rstrip() + "…"
+def marked_preview(chunk: Chunk, width: int = PREVIEW_CHARS, bold: bool = False) -> str:
+    """The chunk's snippet (else its text) on one line, at most `width` characters shown, the
+    query's words in bold when `bold` (a terminal)."""
+    text = chunk.snippet or chunk.content
+    offset = chunk.snippet_start if chunk.snippet else 0
+    marks = [
+        (start - offset, end - offset)
+        for start, end in chunk.highlights
+        if start >= offset and end <= offset + len(text)
+    ]
+    pieces: list[tuple[str, bool]] = []
+    at = 0
+    for start, end in marks:
+        pieces += [(text[at:start], False), (text[start:end], True)]
+        at = end
+    pieces.append((text[at:], False))
+    shown: list[str] = []
+    room = width
+    flat = " ".join(" ".join(piece for piece, _ in pieces).split())
+    cut = len(flat) > width
+    pending_space = False
+    for piece, marked in pieces:
+        words = piece.split()
+        lead = bool(piece[:1].isspace())
+        for i, word in enumerate(words):
+            space = (i > 0 or lead or pending_space) and bool(shown)
+            need = len(word) + int(space)
+            if need > room - int(cut):
+                if not shown:  # one word longer than the line: its start
+                    shown.append(word[: room - 1])
+                room = 0
+                break
+            shown.append(
+                (" " if space else "") + (BOLD + word + PLAIN if bold and marked else word)
+            )
+            room -= need
+        if room == 0:
+            break
+        pending_space = bool(piece[-1:].isspace())
+    return "".join(shown) + ("…" if cut else "")
 
 
 def _score(value: float) -> float:
     return round(value, 4)
 
 
-def render_toon(result: SearchResult) -> str:
+def render_toon(result: SearchResult, bold: bool = False) -> str:
     """`chunks[N]{document,source,section,score,similarity,content_preview}:` then one row per
     chunk: the source tells documents of the same title apart; score is the fused (RRF) score,
-    similarity the vector arm's cosine similarity (null without a query embedding)."""
+    similarity the vector arm's cosine similarity (null without a query embedding); the
+    preview is the chunk's snippet, the query's words in bold when `bold` (a terminal)."""
     rows = [
         {
             "document": chunk.document,
@@ -33,7 +71,7 @@ def render_toon(result: SearchResult) -> str:
             "section": chunk.section,
             "score": _score(chunk.score),
             "similarity": None if chunk.similarity is None else _score(chunk.similarity),
-            "content_preview": preview(chunk.content),
+            "content_preview": marked_preview(chunk, bold=bold),
         }
         for chunk in result.chunks
     ]

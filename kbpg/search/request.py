@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 Kind = Literal["query", "int", "float", "bool", "text", "texts", "filter", "interval"]
 _METADATA_KEY = "kbpg"
+DEFAULT_SNIPPET = 200  # characters of each chunk around the query's words
 
 
 _SQL_TYPES: dict[Kind, str] = {
@@ -50,7 +51,8 @@ class Option:
     short: str | None = None
     metavar: str | None = None
     tuning: bool = False  # also an option of `kbpg eval` (ranking knobs, not filters)
-    stage: bool = False  # a model stage run in Python around kb.search, not a kb.search parameter
+    # run in Python around kb.search (a model stage, the snippets), not a kb.search parameter
+    in_python: bool = False
 
     @property
     def sql_type(self) -> str:
@@ -135,12 +137,16 @@ class SearchRequest:
     graph_min_score: float | None = _field(
         "float", "Graph arm: path score floor (product of edge weights).", 0.0, 1.0,
         default_note="0.5, set in SQL", tuning=True)
+    snippet: int | None = _field(
+        "int", "Each chunk's snippet: at most this many characters of it around the query's "
+        "words, which are marked (kb.highlight; 0: neither).", 0, 10000, default_note="200",
+        metavar="CHARS", in_python=True)
     rerank: bool | None = _field(
         "bool", "Rerank the fused candidates with the configured reranker.", env="KBPG_RERANK",
-        default_note="on when KBPG_RERANK names a reranker", stage=True)
+        default_note="on when KBPG_RERANK names a reranker", in_python=True)
     expand: bool | None = _field(
         "bool", "Add the chat model's paraphrases of the question to the vector arm.",
-        env="KBPG_EXPAND", default_note="off", stage=True)
+        env="KBPG_EXPAND", default_note="off", in_python=True)
     # fmt: on
 
     def __post_init__(self) -> None:
@@ -155,6 +161,7 @@ class SearchRequest:
             lexical=settings.lexical_enabled if self.lexical is None else self.lexical,
             rerank=settings.models.rerank != "none" if self.rerank is None else self.rerank,
             expand=settings.models.expand if self.expand is None else self.expand,
+            snippet=DEFAULT_SNIPPET if self.snippet is None else self.snippet,
         )
 
     def arguments(self) -> dict[str, Any]:
@@ -335,7 +342,7 @@ def sql_arguments(options: Mapping[str, Any]) -> dict[str, Any]:
     return {
         OPTIONS[name].sql: _sql_value(value)
         for name, value in options.items()
-        if value is not None and not OPTIONS[name].stage
+        if value is not None and not OPTIONS[name].in_python
     }
 
 
@@ -349,4 +356,4 @@ def _sql_value(value: Any) -> Any:
 
 def sql_types() -> dict[str, str]:
     """kb.search's parameter names and SQL types, for the options SearchRequest can set."""
-    return {option.sql: option.sql_type for option in OPTIONS.values() if not option.stage}
+    return {option.sql: option.sql_type for option in OPTIONS.values() if not option.in_python}

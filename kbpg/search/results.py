@@ -32,6 +32,10 @@ class Chunk:
     graph_rank: int | None
     fused_rank: int | None = None  # the rank after fusion, before the per-document cap
     rerank_score: float | None = None  # the reranker's score, when it ranked this chunk
+    # where the query's words are in content: [start, end) character offsets (kb.highlight)
+    highlights: tuple[tuple[int, int], ...] = ()
+    snippet: str = ""  # the window of content holding most of them (empty: none asked for)
+    snippet_start: int = 0  # its offset in content
 
 
 @dataclass(frozen=True)

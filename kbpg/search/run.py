@@ -53,6 +53,9 @@ def _row_to_chunk(row: dict[str, Any]) -> Chunk:
         graph_rank=row["graph_rank"],
         fused_rank=row["fused_rank"],
         rerank_score=row.get("rerank_score"),
+        highlights=tuple((int(a), int(b)) for a, b in row.get("highlights") or ()),
+        snippet=row.get("snippet") or "",
+        snippet_start=int(row.get("snippet_start") or 0),
     )
 
 
@@ -104,6 +107,8 @@ def run_search(
             statement = queries.call_search_text(_SEARCH_TYPE_ITEMS, tuple(args))
             with conn.cursor(row_factory=dict_row) as cursor:
                 rows = cursor.execute(statement, args).fetchall()
+            if reranker is None:
+                rows = _highlighted(conn, rows, request)
         finally:
             conn.remove_notice_handler(on_notice)
     model_ms = 0.0
@@ -116,7 +121,9 @@ def run_search(
         model_ms = report.ms
         ranked = [{**rows[i], "rerank_score": score} for i, score in order]
         with _session(db, principal, cancel) as conn:
-            rows = cap_and_cut(conn, ranked, request.top, request.max_per_doc)
+            rows = _highlighted(
+                conn, cap_and_cut(conn, ranked, request.top, request.max_per_doc), request
+            )
     finished = time.perf_counter()
     expand_ms = sum(s.ms for s in stages if s.stage == "expand")
     timings = Timings(
@@ -132,6 +139,27 @@ def run_search(
         notices=tuple(notices),
         stages=tuple(stages),
     )
+
+
+def _highlighted(
+    conn: psycopg.Connection[Any], rows: list[dict[str, Any]], request: SearchRequest
+) -> list[dict[str, Any]]:
+    """The rows with where the query's words are in each and its snippet (kb.highlight), one
+    statement for all of them; as they are when no snippet is asked for."""
+    if not rows or not request.snippet:
+        return rows
+    found = conn.execute(
+        queries.HIGHLIGHT,
+        {
+            "contents": [r["content"] for r in rows],
+            "query": request.query,
+            "length": request.snippet,
+        },
+    ).fetchall()
+    return [
+        {**row, "highlights": marks, "snippet": snippet, "snippet_start": start}
+        for row, (marks, snippet, start) in zip(rows, found, strict=True)
+    ]
 
 
 def _report(timings: Timings, stages: list[StageReport]) -> None:

@@ -16,6 +16,13 @@ SEARCH_COLUMNS: Final = (
     "rank, chunk_id, document_id, source, title, section, content, score, similarity, "
     "vector_rank, lexical_rank, graph_rank, fused_rank"
 )
+# Where the query's words are in each result's text, and its snippet, in the results' order.
+HIGHLIGHT: Final = (
+    "select h.highlights, h.snippet, h.snippet_start"
+    " from pg_catalog.unnest(%(contents)s::text[]) with ordinality as c(content, ord)"
+    " cross join lateral kb.highlight(c.content, %(query)s, %(length)s) h order by c.ord"
+)
+
 # After a reranker: its order through the per-document cap and the cut, as 1-based positions
 # into that order ({max_per_doc} is empty for kb.cap_per_document's own default).
 CAP_AND_CUT: Final = (

@@ -40,6 +40,8 @@ EXPECTED_VOLATILITY = {
     "kb._metadata_filter_sql(text,jsonb)": "i",
     "kb._metadata_match_sql(text,text)": "i",
     "kb._metadata_holds(bigint,text)": "s",
+    "kb._highlight_ranges(text,text)": "s",
+    "kb.highlight(text,text,integer)": "s",
     "kb._chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",
     "kb._check_match_count(integer)": "i",
     "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[],jsonb)": "s",

@@ -26,6 +26,7 @@ DEFINERS = {
     "kb.search": "query text, vectors, numbers and text[] filters: built-in and pgvector operators over kb's tables",
     "kb.search_vector": "a vector, numbers and text[] filters: pgvector's distance operators over kb.chunks",
     "kb.search_lexical": "query text through the knowledge base's text search configuration (kb.language), numbers, text[] filters",
+    "kb.highlight": "a text and query text through the knowledge base's text search configuration (kb.language): ts_headline, strpos and arithmetic on offsets; reads kb.language alone",
     "kb.expand_graph": "bigint chunk ids, numbers, text[] filters: joins over kb.edges and kb.chunks",
     "kb.list_documents": "one text prefix compared with starts_with over kb.documents",
     "kb.get_document": "text[] document sources compared with text equality",

@@ -43,47 +43,21 @@ function errorText(status, payload) {
   return "the server answered " + status;
 }
 
-// Common English words the lexical arm ignores too (PostgreSQL's english stop words, in part):
-// marking "do" inside "does" only adds noise.
-const STOP_WORDS = new Set(
-  ("the and for are but not you your with from that this was were have has had how what when " +
-   "where who why which can could does did into about than then them they their there these " +
-   "those will would should its our out all any some such only own same very just").split(" ")
-);
-
-// Words of the query (letters and digits, any script), longest first, for highlighting.
-function queryTerms(query) {
-  const words = query.toLowerCase().match(/[\p{L}\p{N}]+/gu) || [];
-  const kept = words.filter((w) => (w.length >= 3 || /[^\x00-\x7f]/.test(w)) && !STOP_WORDS.has(w));
-  return [...new Set(kept)].sort((a, b) => b.length - a.length);
-}
-
-function escapeRegExp(text) {
-  return text.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
-}
-
-// The text as DOM nodes with query terms in <mark> (text nodes only: content is never HTML).
-function highlighted(text, terms) {
+// The text as DOM nodes with the query's words in <mark> (text nodes only: content is never
+// HTML). The ranges are the server's (kb.highlight: whole words, from the lexemes the lexical arm
+// matched), [start, end) offsets in code points, which is how Array.from counts.
+function highlighted(text, ranges) {
   const fragment = document.createDocumentFragment();
-  if (!terms.length) {
-    fragment.append(text);
-    return fragment;
-  }
-  // at the start of a word: "renew" marks "renewal", not the middle of another word
-  // (scripts written without spaces, such as Japanese, match anywhere)
-  const alternatives = terms.map((t) =>
-    /^[\x00-\x7f]+$/.test(t) ? "(?<![\\p{L}\\p{N}])" + escapeRegExp(t) : escapeRegExp(t)
-  );
-  const pattern = new RegExp("(?:" + alternatives.join("|") + ")", "giu");
+  const chars = Array.from(text);
   let last = 0;
-  for (const match of text.matchAll(pattern)) {
-    fragment.append(text.slice(last, match.index));
+  for (const [start, end] of ranges || []) {
+    fragment.append(chars.slice(last, start).join(""));
     const mark = document.createElement("mark");
-    mark.textContent = match[0];
+    mark.textContent = chars.slice(start, end).join("");
     fragment.append(mark);
-    last = match.index + match[0].length;
+    last = end;
   }
-  fragment.append(text.slice(last));
+  fragment.append(chars.slice(last).join(""));
   return fragment;
 }
 
@@ -93,10 +67,9 @@ function armRank(label, rank) {
   return node;
 }
 
-function showResults(payload, query) {
+function showResults(payload) {
   const hits = $("hits");
   hits.replaceChildren();
-  const terms = queryTerms(query);
   for (const chunk of payload.chunks) {
     const item = element("li", "hit");
     item.dataset.chunkId = chunk.chunk_id;
@@ -122,7 +95,7 @@ function showResults(payload, query) {
     meta.append(element("span", "source", chunk.source));
     item.append(meta);
     const text = element("p", "text");
-    text.append(highlighted(chunk.content, terms));
+    text.append(highlighted(chunk.content, chunk.highlights));
     item.append(text);
     hits.append(item);
   }
@@ -152,7 +125,7 @@ async function search(body) {
       setStatus("Error: " + errorText(response.status, payload), true);
       return;
     }
-    showResults(payload, body.query);
+    showResults(payload);
     const n = payload.chunks.length;
     const ms = Math.round(performance.now() - started);
     setStatus(n ? `${n} result${n === 1 ? "" : "s"} in ${ms} ms` : "No results.");
