@@ -119,7 +119,8 @@ def test_search_page(demo_api: httpx.Client, browser: WebDriver) -> None:
     marks = [m.text for m in first.find_elements(By.TAG_NAME, "mark")]
     top = expected["chunks"][0]
     assert marks == [top["content"][a:b] for a, b in top["highlights"]]
-    assert {"renew", "parking", "permit"} <= {m.lower() for m in marks}, marks
+    # inflected forms of the question's words, whole ("renewal" for "renew")
+    assert marks and all(m.lower().startswith(("renew", "park", "permit")) for m in marks), marks
     meta = first.find_element(By.CLASS_NAME, "meta").text
     assert (
         "vector #" in meta and "BM25 #" in meta and "graph \u2013" in meta
