@@ -82,6 +82,7 @@ parallel safe
 -- caller's own
 security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 as $$
 declare
     ranges int4range[];

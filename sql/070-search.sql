@@ -13,6 +13,7 @@
 -- fused_rank is the rank after fusion (and recency), before the per-document cap.
 -- recency => '30 days' (a half-life): after fusion, each fused score times 0.5 per half-life of
 -- its document's age (its date under recency_key in the metadata, else its updated_at).
+-- diversity => λ (0: off): after that, the pool re-ranked by maximal marginal relevance.
 -- vector_weight NULL (the default) is kb._default_vector_weight(): 1, or 0 when the embedding
 -- model does not know the knowledge base's language (an English-only model on Russian text);
 -- any weight given overrides it.
@@ -46,7 +47,8 @@ create or replace function kb.search(
     rerank_pool integer default null,
     filter jsonb default null,
     recency interval default null,
-    recency_key text default null
+    recency_key text default null,
+    diversity double precision default 0
 )
 returns table (
     rank integer,
@@ -103,6 +105,18 @@ declare
     -- recency: the path of a document's date in its metadata (a date or a timestamp), else
     -- its updated_at
     recency_path text;
+    -- diversity (MMR): the pool's embeddings, their pairwise similarities (n x n, flat), each
+    -- chunk's relevance, the best similarity to a chunk already picked, the picked order
+    pool_embeddings @extschema:vector@.vector[];
+    similarities double precision[];
+    relevance double precision[];
+    nearest double precision[];
+    picked integer[];
+    pool_size integer;
+    picks integer;
+    best integer;
+    best_value double precision;
+    value double precision;
 begin
     perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -140,9 +154,13 @@ begin
         recency_path := kb._metadata_key_path(search.recency_key, 'recency_key')
             || '.datetime() ? (@.type() == "date" || @.type() starts with "timestamp")';
     end if;
-    if search.recency is not null and distributed then
-        raise exception 'recency is not available on a distributed knowledge base yet'
-            using errcode = '0A000', hint = 'search without recency, or order the results by date yourself';
+    if search.diversity is null or search.diversity not between 0 and 1 then
+        raise exception 'diversity must be between 0 and 1, got %', coalesce(search.diversity::text, 'NULL')
+            using errcode = '22023', hint = '0 (the default) is off; 0.3 trades a little relevance for variety';
+    end if;
+    if (search.recency is not null or search.diversity > 0) and distributed then
+        raise exception 'recency and diversity are not available on a distributed knowledge base yet'
+            using errcode = '0A000', hint = 'search without them, or re-rank the results yourself';
     end if;
     if search.vector_weight is null and vector_w = 0
        and (search.query_embedding is not null or search.extra_embeddings is not null) then
@@ -246,6 +264,51 @@ begin
                        with ordinality as u(id, doc, score, vr, lr, gr, ord)
                   join kb.documents d on d.id = u.doc) r;
     end if;
+    if search.diversity > 0 and cardinality(fused_ids) > 1 then
+        -- maximal marginal relevance over the fused pool, before the per-document cap: picked
+        -- one at a time, each the chunk with the best (1 - diversity) x relevance (its score over
+        -- the best score) - diversity x its highest cosine similarity to a chunk already picked
+        -- (a chunk without an embedding is like none); the first 2 x match_count (at least 20)
+        -- so, the rest after them in fused order
+        pool_size := cardinality(fused_ids);
+        select array_agg(c.embedding order by u.ord) into pool_embeddings
+          from unnest(fused_ids) with ordinality as u(id, ord)
+          join kb.chunks c on c.id = u.id;
+        similarities := array(
+            select coalesce(1 - (a.e operator(@extschema:vector@.<=>) b.e), 0)
+              from unnest(pool_embeddings) with ordinality as a(e, i)
+             cross join unnest(pool_embeddings) with ordinality as b(e, j)
+             order by a.i, b.j);
+        relevance := array(select u.s / greatest(fused_scores[1], 1e-300)
+                             from unnest(fused_scores) with ordinality as u(s, ord) order by u.ord);
+        nearest := pg_catalog.array_fill(0::float8, array[pool_size]);
+        picked := '{}';
+        picks := least(pool_size, greatest(2 * search.match_count, 20));
+        for step in 1..picks loop
+            best := null;
+            for i in 1..pool_size loop
+                continue when i = any (picked);
+                value := (1 - search.diversity) * relevance[i]
+                         - case when step = 1 then 0 else search.diversity * nearest[i] end;
+                if best is null or value > best_value then
+                    best := i;
+                    best_value := value;
+                end if;
+            end loop;
+            picked := picked || best;
+            for i in 1..pool_size loop
+                nearest[i] := greatest(nearest[i], similarities[(best - 1) * pool_size + i]);
+            end loop;
+        end loop;
+        picked := picked || array(select i from pg_catalog.generate_series(1, pool_size) i
+                                  where i <> all (picked) order by i);
+        fused_ids := array(select fused_ids[i] from unnest(picked) with ordinality p(i, o) order by o);
+        fused_docs := array(select fused_docs[i] from unnest(picked) with ordinality p(i, o) order by o);
+        fused_scores := array(select fused_scores[i] from unnest(picked) with ordinality p(i, o) order by o);
+        fused_vector_ranks := array(select fused_vector_ranks[i] from unnest(picked) with ordinality p(i, o) order by o);
+        fused_lexical_ranks := array(select fused_lexical_ranks[i] from unnest(picked) with ordinality p(i, o) order by o);
+        fused_graph_ranks := array(select fused_graph_ranks[i] from unnest(picked) with ordinality p(i, o) order by o);
+    end if;
 
     return query
     select p.rank, c.id, c.document_id, d.source, d.title, c.section, c.content,
@@ -279,7 +342,7 @@ exception when others or query_canceled then
     raise exception using errcode = err_state, message = err_message;
 end
 $$;
-comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb, interval, text) is
+comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb, interval, text, double precision) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. Filters: '
     'groups => chunks in any of the groups, category => that category, labels => chunks '
@@ -288,7 +351,8 @@ comment on function kb.search(text, @extschema:vector@.vector, integer, text[], 
     '"ann%"}, "$or": [...]}; a bad one: SQLSTATE KB004). recency => ''30 days'': after '
     'fusion, each score halves per half-life of its document''s age (its date under '
     'recency_key in the metadata, else updated_at); score and fused_rank are then the decayed '
-    'ones. NULL '
+    'ones. diversity => 0.3 (0: off): the pool re-ranked by maximal marginal relevance over the '
+    'chunks'' embeddings, before the per-document cap; fused_rank is then that order. NULL '
     'embedding: lexical (+ graph) only. vector_weight NULL: kb._default_vector_weight() (0 when '
     'the embedding model does not know the knowledge base''s language). extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '

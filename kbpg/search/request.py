@@ -110,6 +110,10 @@ class SearchRequest:
     graph: bool | None = _field(
         "bool", "Add the graph arm (edges from the vector hits).", sql="use_graph",
         default_note="off")
+    diversity: float | None = _field(
+        "float", "Maximal marginal relevance over the fused pool, before the per-document cap: "
+        "0 is off, 0.3 trades a little relevance for variety.", 0.0, 1.0,
+        default_note="0, set in SQL", tuning=True)
     fetch_multiplier: int | None = _field(
         "int", "Candidates per arm: top times this.", 1, 100, default_note="4, set in SQL",
         tuning=True)
@@ -236,6 +240,19 @@ def _check_number(name: str, option: Option, value: object) -> int | float:
     return value if integral else float(value)
 
 
+class FilterObject(dict[str, Any]):
+    """A metadata filter as given (a JSON object), read-only and hashable like the frozen
+    request that holds it (requests are cache keys)."""
+
+    def __hash__(self) -> int:  # type: ignore[override]
+        return hash(json.dumps(self, sort_keys=True))
+
+    def _read_only(self, *args: Any, **kwargs: Any) -> Any:
+        raise TypeError("a search request's filter is read-only")
+
+    __setitem__ = __delitem__ = clear = pop = popitem = setdefault = update = _read_only
+
+
 def _check_filter(name: str, value: object) -> dict[str, Any] | None:
     """A metadata filter: a JSON object (its operators are checked in SQL, kb._metadata_jsonpath,
     the one place psql, the CLI, HTTP and the adapters share); {} is no filter."""
@@ -250,7 +267,7 @@ def _check_filter(name: str, value: object) -> dict[str, Any] | None:
         raise InvalidInput(f"{name} is not JSON: {exc}") from None
     if not _is_utf8(text) or "\\u0000" in text:
         raise InvalidInput(f"{name} must be UTF-8 text without NUL characters")
-    filter_: dict[str, Any] = json.loads(text)
+    filter_ = FilterObject(json.loads(text))
     return filter_ or None
 
 

@@ -6,7 +6,7 @@ Create Date: 2026-12-04
 
 Issue 40: kb.search, kb.search_vector, kb.search_lexical and kb.expand_graph gain
 `filter jsonb`; kb.search also `recency interval` and `recency_key text` (a half-life applied
-after fusion) (langchain-postgres's operators, compiled by kb._metadata_jsonpath in sql/018
+after fusion) and `diversity double precision` (maximal marginal relevance over the pool) (langchain-postgres's operators, compiled by kb._metadata_jsonpath in sql/018
 into a SQL/JSON path predicate every arm applies before ranking). Signature change
 (CHANGELOG): the old signatures of those functions and of the internal ones the filter threads
 through are dropped here, the new ones are created from sql/ at head (the callers first: a
@@ -53,7 +53,8 @@ create index if not exists documents_metadata_idx on kb.documents
 DOWNGRADE = r"""
 drop function if exists kb.search(text, vector, integer, text[], text, text[], double precision,
     integer, integer, integer, double precision, double precision, double precision, boolean,
-    boolean, integer, integer, double precision, vector[], integer, jsonb, interval, text);
+    boolean, integer, integer, double precision, vector[], integer, jsonb, interval, text,
+    double precision);
 drop function if exists kb.search_vector(vector, integer, text[], text, text[], double precision,
     vector[], jsonb);
 drop function if exists kb.search_lexical(text, integer, text[], text, text[], jsonb);

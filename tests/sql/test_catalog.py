@@ -94,7 +94,7 @@ EXPECTED_VOLATILITY = {
     "kb.cap_per_document(bigint[],bigint[],integer)": "i",
     "kb.search(text,vector,integer,text[],text,text[],double precision,integer,integer,integer,"
     "double precision,double precision,double precision,boolean,boolean,integer,integer,"
-    "double precision,vector[],integer,jsonb,interval,text)": "s",
+    "double precision,vector[],integer,jsonb,interval,text,double precision)": "s",
 }
 
 WRITES = re.compile(
@@ -142,6 +142,7 @@ READER_API = {
     "kb.stats",
     "kb.list_grants",
     "kb.access_status",
+    "kb.highlight",
 }
 # The other SECURITY DEFINER functions: the triggers a table source puts on an application's
 # table, so that the application's roles need no grant on schema kb; they write one table (the
