@@ -63,6 +63,78 @@ comment on function kb.fuse_rrf(bigint[], bigint[], bigint[], integer, double pr
     'sum(weight / (rrf_k + rank)) over the arms that found the chunk; ties go to the better '
     'vector rank, then lexical, then graph rank, then chunk id.';
 
+create or replace function kb.fuse_convex(
+    vector_ids bigint[],
+    vector_scores double precision[],
+    lexical_ids bigint[],
+    lexical_scores double precision[],
+    graph_ids bigint[] default '{}',
+    graph_scores double precision[] default '{}',
+    vector_weight double precision default 1,
+    lexical_weight double precision default 1,
+    graph_weight double precision default 1
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    score double precision,
+    vector_rank integer,
+    lexical_rank integer,
+    graph_rank integer
+)
+language plpgsql
+immutable
+parallel safe
+security invoker
+rows 100  -- the fused list (see kb.fuse_rrf)
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
+    perform kb._check_fusion_parameters(60, fuse_convex.vector_weight, fuse_convex.lexical_weight,
+                                       fuse_convex.graph_weight);
+    if coalesce(cardinality(fuse_convex.vector_ids), 0) <> coalesce(cardinality(fuse_convex.vector_scores), 0)
+       or coalesce(cardinality(fuse_convex.lexical_ids), 0) <> coalesce(cardinality(fuse_convex.lexical_scores), 0)
+       or coalesce(cardinality(fuse_convex.graph_ids), 0) <> coalesce(cardinality(fuse_convex.graph_scores), 0) then
+        raise exception 'each arm needs one score per id'
+            using errcode = '22023', hint = 'pass the ids and their scores in the same order';
+    end if;
+    return query
+    with hits as (
+        select u.id, 'v' as arm, u.ord, u.s from unnest(fuse_convex.vector_ids, fuse_convex.vector_scores) with ordinality u(id, s, ord)
+        union all
+        select u.id, 'l', u.ord, u.s from unnest(fuse_convex.lexical_ids, fuse_convex.lexical_scores) with ordinality u(id, s, ord)
+        union all
+        select u.id, 'g', u.ord, u.s from unnest(fuse_convex.graph_ids, fuse_convex.graph_scores) with ordinality u(id, s, ord)
+    ), normalized as (
+        -- min-max over each arm's list: its best 1, its worst 0 (a list of one, or of equal
+        -- scores: 1)
+        select h.id, h.arm, h.ord,
+               coalesce((h.s - pg_catalog.min(h.s) over w)
+                        / nullif(pg_catalog.max(h.s) over w - pg_catalog.min(h.s) over w, 0), 1) as n
+          from hits h where h.id is not null
+        window w as (partition by h.arm)
+    ), per_chunk as (
+        select n.id,
+               (min(n.ord) filter (where n.arm = 'v'))::integer as vr,
+               (min(n.ord) filter (where n.arm = 'l'))::integer as lr,
+               (min(n.ord) filter (where n.arm = 'g'))::integer as gr,
+               coalesce(max(n.n) filter (where n.arm = 'v'), 0) * fuse_convex.vector_weight
+             + coalesce(max(n.n) filter (where n.arm = 'l'), 0) * fuse_convex.lexical_weight
+             + coalesce(max(n.n) filter (where n.arm = 'g'), 0) * fuse_convex.graph_weight as fused
+          from normalized n group by n.id
+    )
+    select (pg_catalog.row_number() over w)::integer, p.id, p.fused, p.vr, p.lr, p.gr
+      from per_chunk p
+    window w as (order by p.fused desc, p.vr nulls last, p.lr nulls last, p.gr nulls last, p.id)
+     order by p.fused desc, p.vr nulls last, p.lr nulls last, p.gr nulls last, p.id;
+end
+$$;
+comment on function kb.fuse_convex(bigint[], double precision[], bigint[], double precision[], bigint[], double precision[], double precision, double precision, double precision) is
+    'Convex (linear) fusion of scored id lists: each arm''s scores min-max normalised over its '
+    'list (best 1, worst 0), score = sum(weight x normalised score) over the arms that found the '
+    'chunk; ties as kb.fuse_rrf. kb.search uses it with fusion => ''convex''.';
+
 create or replace function kb.cap_per_document(
     chunk_ids bigint[],
     document_ids bigint[],

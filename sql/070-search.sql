@@ -14,6 +14,8 @@
 -- recency => '30 days' (a half-life): after fusion, each fused score times 0.5 per half-life of
 -- its document's age (its date under recency_key in the metadata, else its updated_at).
 -- diversity => λ (0: off): after that, the pool re-ranked by maximal marginal relevance.
+-- fusion => 'convex': the arms' scores min-max normalised and summed with the weights
+-- (kb.fuse_convex) instead of RRF; score is then that sum.
 -- vector_weight NULL (the default) is kb._default_vector_weight(): 1, or 0 when the embedding
 -- model does not know the knowledge base's language (an English-only model on Russian text);
 -- any weight given overrides it.
@@ -48,7 +50,8 @@ create or replace function kb.search(
     filter jsonb default null,
     recency interval default null,
     recency_key text default null,
-    diversity double precision default 0
+    diversity double precision default 0,
+    fusion text default 'rrf'
 )
 returns table (
     rank integer,
@@ -82,6 +85,10 @@ declare
     vector_ids bigint[] := '{}';
     lexical_ids bigint[] := '{}';
     graph_ids bigint[] := '{}';
+    -- each arm's own scores, for fusion => 'convex' (cosine similarity, BM25, path score)
+    vector_scores double precision[] := '{}';
+    lexical_scores double precision[] := '{}';
+    graph_scores double precision[] := '{}';
     vector_docs bigint[] := '{}';
     lexical_docs bigint[] := '{}';
     graph_docs bigint[] := '{}';
@@ -158,8 +165,12 @@ begin
         raise exception 'diversity must be between 0 and 1, got %', coalesce(search.diversity::text, 'NULL')
             using errcode = '22023', hint = '0 (the default) is off; 0.3 trades a little relevance for variety';
     end if;
-    if (search.recency is not null or search.diversity > 0) and distributed then
-        raise exception 'recency and diversity are not available on a distributed knowledge base yet'
+    if search.fusion is null or search.fusion not in ('rrf', 'convex') then
+        raise exception 'fusion must be rrf or convex, got %', coalesce(search.fusion, 'NULL')
+            using errcode = '22023', hint = 'rrf (the default) fuses ranks; convex fuses min-max normalised scores with the weights';
+    end if;
+    if (search.recency is not null or search.diversity > 0 or search.fusion = 'convex') and distributed then
+        raise exception 'recency, diversity and convex fusion are not available on a distributed knowledge base yet'
             using errcode = '0A000', hint = 'search without them, or re-rank the results yourself';
     end if;
     if search.vector_weight is null and vector_w = 0
@@ -181,8 +192,9 @@ begin
         -- a filter selective enough for the vector arm's exact path: the ids of the chunks it
         -- keeps come back with the vector hits, and the lexical arm takes them from there
         -- (it reads the filters' stored bitmaps instead when they serve, sql/040)
-        select coalesce(v.chunk_ids, '{}'), coalesce(v.document_ids, '{}'), v.filtered_ids
-          into vector_ids, vector_docs, filtered_ids
+        select coalesce(v.chunk_ids, '{}'), coalesce(v.document_ids, '{}'), v.filtered_ids,
+               coalesce(array(select 1 - d from unnest(v.distances) with ordinality as u(d, o) order by u.o), '{}')
+          into vector_ids, vector_docs, filtered_ids, vector_scores
           from kb._search_vector(search.query_embedding, pool, search.groups, search.category,
                                  search.labels, search.min_similarity, search.extra_embeddings,
                                  keep_filtered => search.use_lexical and has_text
@@ -194,8 +206,9 @@ begin
     if search.use_lexical and has_text then
         begin
             select coalesce(array_agg(l.chunk_id order by l.rank), '{}'),
-                   coalesce(array_agg(l.document_id order by l.rank), '{}')
-              into lexical_ids, lexical_docs
+                   coalesce(array_agg(l.document_id order by l.rank), '{}'),
+                   coalesce(array_agg(l.score order by l.rank), '{}')
+              into lexical_ids, lexical_docs, lexical_scores
               from kb._search_lexical(search.query_text, pool, search.groups, search.category,
                                       search.labels, filtered_ids, visible, search.filter) l;
         exception when others then
@@ -207,13 +220,15 @@ begin
             raise notice 'kbpg: lexical arm failed (SQLSTATE %: %); ranking without it', sqlstate, sqlerrm;
             lexical_ids := '{}';
             lexical_docs := '{}';
+            lexical_scores := '{}';
         end;
     end if;
 
     if search.use_graph then
         select coalesce(array_agg(g.chunk_id order by g.rank), '{}'),
-               coalesce(array_agg(g.document_id order by g.rank), '{}')
-          into graph_ids, graph_docs
+               coalesce(array_agg(g.document_id order by g.rank), '{}'),
+               coalesce(array_agg(g.score order by g.rank), '{}')
+          into graph_ids, graph_docs, graph_scores
           from kb._expand_graph(case when cardinality(vector_ids) > 0 then vector_ids else lexical_ids end,
                                 search.graph_max_depth, search.graph_max_returned,
                                 search.graph_min_score, search.groups, search.category,
@@ -235,8 +250,14 @@ begin
            array_agg(f.lexical_rank order by f.rank), array_agg(f.graph_rank order by f.rank)
       into fused_ids, fused_docs, fused_scores, fused_vector_ranks, fused_lexical_ranks,
            fused_graph_ranks
-      from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, vector_w,
-                       search.lexical_weight, search.graph_weight) f
+      from (select * from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, vector_w,
+                                      search.lexical_weight, search.graph_weight)
+             where search.fusion = 'rrf'
+            union all
+            select * from kb.fuse_convex(vector_ids, vector_scores, lexical_ids, lexical_scores,
+                                         graph_ids, graph_scores, vector_w,
+                                         search.lexical_weight, search.graph_weight)
+             where search.fusion = 'convex') f
       join kb.chunks c on c.id = f.chunk_id;
     if fused_ids is null then
         return;
@@ -342,7 +363,7 @@ exception when others or query_canceled then
     raise exception using errcode = err_state, message = err_message;
 end
 $$;
-comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb, interval, text, double precision) is
+comment on function kb.search(text, @extschema:vector@.vector, integer, text[], text, text[], double precision, integer, integer, integer, double precision, double precision, double precision, boolean, boolean, integer, integer, double precision, @extschema:vector@.vector[], integer, jsonb, interval, text, double precision, text) is
     'Hybrid search: vector + BM25 lexical (+ graph) arms under the same filters, weighted RRF '
     '(rrf_k 60), at most max_per_doc chunks per document in front, top match_count. Filters: '
     'groups => chunks in any of the groups, category => that category, labels => chunks '
@@ -352,7 +373,9 @@ comment on function kb.search(text, @extschema:vector@.vector, integer, text[], 
     'fusion, each score halves per half-life of its document''s age (its date under '
     'recency_key in the metadata, else updated_at); score and fused_rank are then the decayed '
     'ones. diversity => 0.3 (0: off): the pool re-ranked by maximal marginal relevance over the '
-    'chunks'' embeddings, before the per-document cap; fused_rank is then that order. NULL '
+    'chunks'' embeddings, before the per-document cap; fused_rank is then that order. '
+    'fusion => ''convex'': each arm''s scores min-max normalised and summed with the weights '
+    '(kb.fuse_convex) instead of RRF. NULL '
     'embedding: lexical (+ graph) only. vector_weight NULL: kb._default_vector_weight() (0 when '
     'the embedding model does not know the knowledge base''s language). extra_embeddings: more query vectors for the vector '
     'arm (best similarity wins). rerank_pool => N: the whole fused pool (N candidates an arm), '

@@ -57,7 +57,7 @@ return array(select p.oid::pg_catalog.regprocedure
                from pg_catalog.pg_proc p
               where p.pronamespace = 'kb'::pg_catalog.regnamespace
                 and p.proname = any (array['search', 'search_vector', 'search_lexical',
-                                           'expand_graph', 'fuse_rrf', 'cap_per_document',
+                                           'expand_graph', 'fuse_rrf', 'fuse_convex', 'cap_per_document',
                                            'list_documents', 'get_document', 'get_chunk',
                                            'get_embedding_space', 'stats', 'list_grants',
                                            'access_status', 'model_defaults', 'highlight'])

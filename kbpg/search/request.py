@@ -114,6 +114,9 @@ class SearchRequest:
         "float", "Maximal marginal relevance over the fused pool, before the per-document cap: "
         "0 is off, 0.3 trades a little relevance for variety.", 0.0, 1.0,
         default_note="0, set in SQL", tuning=True)
+    fusion: str | None = _field(
+        "text", "How the arms' lists are fused: rrf (ranks) or convex (min-max normalised scores "
+        "with the weights).", default_note="rrf, set in SQL", tuning=True, metavar="rrf|convex")
     fetch_multiplier: int | None = _field(
         "int", "Candidates per arm: top times this.", 1, 100, default_note="4, set in SQL",
         tuning=True)

@@ -6,7 +6,8 @@ Create Date: 2026-12-04
 
 Issue 40: kb.search, kb.search_vector, kb.search_lexical and kb.expand_graph gain
 `filter jsonb`; kb.search also `recency interval` and `recency_key text` (a half-life applied
-after fusion) and `diversity double precision` (maximal marginal relevance over the pool) (langchain-postgres's operators, compiled by kb._metadata_jsonpath in sql/018
+after fusion), `diversity double precision` (maximal marginal relevance over the pool) and
+`fusion text` ('rrf' or 'convex': kb.fuse_convex, new) (langchain-postgres's operators, compiled by kb._metadata_jsonpath in sql/018
 into a SQL/JSON path predicate every arm applies before ranking). Signature change
 (CHANGELOG): the old signatures of those functions and of the internal ones the filter threads
 through are dropped here, the new ones are created from sql/ at head (the callers first: a
@@ -54,7 +55,7 @@ DOWNGRADE = r"""
 drop function if exists kb.search(text, vector, integer, text[], text, text[], double precision,
     integer, integer, integer, double precision, double precision, double precision, boolean,
     boolean, integer, integer, double precision, vector[], integer, jsonb, interval, text,
-    double precision);
+    double precision, text);
 drop function if exists kb.search_vector(vector, integer, text[], text, text[], double precision,
     vector[], jsonb);
 drop function if exists kb.search_lexical(text, integer, text[], text, text[], jsonb);
@@ -73,6 +74,10 @@ drop function if exists kb._bm25_rank_distributed(text[], double precision[], do
 drop function if exists kb._filtered_rows_estimate(text[], text, text[], text[], text, jsonb);
 drop function if exists kb._chunk_filter_sql(text, text, text, text, text, text[], text, text[],
     text[], jsonb);
+drop function if exists kb.fuse_convex(bigint[], double precision[], bigint[], double precision[],
+    bigint[], double precision[], double precision, double precision, double precision);
+drop function if exists kb.highlight(text, text, integer);
+drop function if exists kb._highlight_ranges(text, text);
 drop function if exists kb._metadata_holds(bigint, text);
 drop function if exists kb._metadata_filter_sql(text, jsonb);
 drop function if exists kb._metadata_match_sql(text, text);

@@ -94,7 +94,9 @@ EXPECTED_VOLATILITY = {
     "kb.cap_per_document(bigint[],bigint[],integer)": "i",
     "kb.search(text,vector,integer,text[],text,text[],double precision,integer,integer,integer,"
     "double precision,double precision,double precision,boolean,boolean,integer,integer,"
-    "double precision,vector[],integer,jsonb,interval,text,double precision)": "s",
+    "double precision,vector[],integer,jsonb,interval,text,double precision,text)": "s",
+    "kb.fuse_convex(bigint[],double precision[],bigint[],double precision[],bigint[],"
+    "double precision[],double precision,double precision,double precision)": "i",
 }
 
 WRITES = re.compile(

@@ -114,3 +114,66 @@ def test_non_finite_numbers_are_refused_by_every_public_search_function(conn, ba
             conn.execute(sql)
         assert info.value.diag.message_hint, sql
         assert bad in info.value.diag.message_primary, sql
+
+
+def fuse_convex(conn: psycopg.Connection[Any], **kw: Any) -> list[Any]:
+    args = ", ".join(f"{name} => %({name})s" for name in kw)
+    return conn.execute(
+        "select rank, chunk_id, score, vector_rank, lexical_rank, graph_rank"
+        f" from kb.fuse_convex({args})",
+        kw,
+    ).fetchall()
+
+
+def test_convex_fusion_sums_min_max_normalised_scores(conn):
+    rows = fuse_convex(
+        conn,
+        vector_ids=[1, 2, 3],
+        vector_scores=[0.9, 0.5, 0.1],
+        lexical_ids=[3, 4],
+        lexical_scores=[10.0, 5.0],
+        graph_ids=[5],
+        graph_scores=[0.7],
+        lexical_weight=2.0,
+    )
+    # vector: 1, .5, 0; lexical (x2): 2, 0; graph (a list of one): 1
+    assert [(r[1], r[2]) for r in rows] == [(3, 2.0), (1, 1.0), (5, 1.0), (2, 0.5), (4, 0.0)]
+    assert rows[0][3:] == (3, 1, None)
+
+
+def test_convex_fusion_refuses_scores_that_do_not_match(conn):
+    with raises_sqlstate(conn, "22023"):
+        fuse_convex(conn, vector_ids=[1, 2], vector_scores=[0.5], lexical_ids=[], lexical_scores=[])
+
+
+def test_kb_search_fuses_by_scores_with_convex(conn):
+    from tests.sqldata import add_chunk, add_doc, vec
+
+    conn.execute("select kb.set_embedding_space('test-model', 3)")
+    ids = {}
+    for name, text, embedding in [
+        ("a", "permit renewal permit renewal permit", [1, 0, 0]),
+        ("b", "permit", [0.98, 0.2, 0]),
+        ("c", "bicycle storage", [0.5, 0.86, 0]),
+    ]:
+        ids[name] = add_chunk(conn, add_doc(conn, f"{name}.md"), text, embedding)
+
+    def order(fusion: str) -> list[int]:
+        rows = conn.execute(
+            "select chunk_id from kb.search('permit renewal', %s::vector, fusion => %s)"
+            " order by rank",
+            (vec([1, 0, 0]), fusion),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    assert order("rrf") == order("convex") == [ids["a"], ids["b"], ids["c"]]
+    # a is the best of both arms: 1 + 1; the scores are the normalised sums, not RRF's
+    top = conn.execute(
+        "select score from kb.search('permit renewal', %s::vector, fusion => 'convex')"
+        " order by rank limit 1",
+        (vec([1, 0, 0]),),
+    ).fetchone()
+    assert top == (2.0,)
+    with raises_sqlstate(conn, "22023") as info:
+        order("linear")
+    assert "fusion must be rrf or convex" in info.value.diag.message_primary
