@@ -112,18 +112,15 @@ declare
     -- recency: the path of a document's date in its metadata (a date or a timestamp), else
     -- its updated_at
     recency_path text;
-    -- diversity (MMR): the pool's embeddings, their pairwise similarities (n x n, flat), each
-    -- chunk's relevance, the best similarity to a chunk already picked, the picked order
+    -- diversity (MMR): the pool's embeddings, each chunk's relevance and its highest
+    -- similarity to a chunk already picked, the picked order
     pool_embeddings @extschema:vector@.vector[];
-    similarities double precision[];
     relevance double precision[];
     nearest double precision[];
     picked integer[];
     pool_size integer;
     picks integer;
     best integer;
-    best_value double precision;
-    value double precision;
 begin
     perform kb._check_match_count(search.match_count);
     if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
@@ -289,37 +286,29 @@ begin
         -- maximal marginal relevance over the fused pool, before the per-document cap: picked
         -- one at a time, each the chunk with the best (1 - diversity) x relevance (its score over
         -- the best score) - diversity x its highest cosine similarity to a chunk already picked
-        -- (a chunk without an embedding is like none); the first 2 x match_count (at least 20)
-        -- so, the rest after them in fused order
+        -- (a chunk without an embedding is like none); the first match_count + 10 so, the rest
+        -- after them in fused order. Each pick is two statements over the pool's arrays (C
+        -- arithmetic): k x n, not a plpgsql loop per pair
         pool_size := cardinality(fused_ids);
         select array_agg(c.embedding order by u.ord) into pool_embeddings
           from unnest(fused_ids) with ordinality as u(id, ord)
           join kb.chunks c on c.id = u.id;
-        similarities := array(
-            select coalesce(1 - (a.e operator(@extschema:vector@.<=>) b.e), 0)
-              from unnest(pool_embeddings) with ordinality as a(e, i)
-             cross join unnest(pool_embeddings) with ordinality as b(e, j)
-             order by a.i, b.j);
         relevance := array(select u.s / greatest(fused_scores[1], 1e-300)
                              from unnest(fused_scores) with ordinality as u(s, ord) order by u.ord);
         nearest := pg_catalog.array_fill(0::float8, array[pool_size]);
         picked := '{}';
-        picks := least(pool_size, greatest(2 * search.match_count, 20));
+        picks := least(pool_size, search.match_count + 10);
         for step in 1..picks loop
-            best := null;
-            for i in 1..pool_size loop
-                continue when i = any (picked);
-                value := (1 - search.diversity) * relevance[i]
-                         - case when step = 1 then 0 else search.diversity * nearest[i] end;
-                if best is null or value > best_value then
-                    best := i;
-                    best_value := value;
-                end if;
-            end loop;
+            select u.i into best
+              from unnest(relevance, nearest) with ordinality as u(r, m, i)
+             where u.i <> all (picked)
+             order by (1 - search.diversity) * u.r - search.diversity * u.m desc, u.i
+             limit 1;
             picked := picked || best;
-            for i in 1..pool_size loop
-                nearest[i] := greatest(nearest[i], similarities[(best - 1) * pool_size + i]);
-            end loop;
+            nearest := array(
+                select greatest(u.m, coalesce(1 - (u.e operator(@extschema:vector@.<=>) pool_embeddings[best]), 0))
+                  from unnest(nearest, pool_embeddings) with ordinality as u(m, e, i)
+                 order by u.i);
         end loop;
         picked := picked || array(select i from pg_catalog.generate_series(1, pool_size) i
                                   where i <> all (picked) order by i);

@@ -17,6 +17,8 @@ from tests.conftest import REPO_ROOT
 
 MARK = "<!-- tested: tests/test_docs_examples.py -->"
 PARKING = {p.name for p in (REPO_ROOT / "samples/kb/parking").glob("*.md")}
+# the parking pages' dates and category, as kb.facets lists them
+PARKING_FACETS = {"2023-11-02", "2024-03-15", "2025-01-20", "2025-06-30", "2024-09-01", "permits"}
 # what each example's output names of the parking pages, by its first words (updated:
 # accessible 2023-11-02, fines 2024-03-15, renew 2025-01-20, residential 2025-06-30, visitor
 # 2024-09-01)
@@ -27,6 +29,7 @@ EXPECTED: dict[str, set[str] | None] = {
         "renew-permit.md",
         "residential-permits.md",
     },
+    "SELECT * FROM kb.facets('parking permit', '{category,metadata.updated}');": PARKING_FACETS,
     # the newest page first (checked on the first row below)
     """kbpg search "parking permit" --recency "30 days" --recency-key updated --filter '{"updated": {"$exists": true}}'""": None,
     """kbpg search "parking permit" --filter '{"updated": {"$gte": "2025-01-01"}}'""": {
@@ -93,5 +96,7 @@ def test_the_marked_examples_print_what_the_docs_say(env: dict[str, str]) -> Non
             if expected is None:  # --recency: the first row is the newest page
                 first = done.stdout.splitlines()[1]
                 assert "parking/residential-permits.md" in first, done.stdout
+            elif expected is PARKING_FACETS:  # kb.facets: the values, not the files
+                assert all(value in done.stdout for value in expected), done.stdout
             else:
                 assert named == expected, f"{page}: {example}:\n{done.stdout}"

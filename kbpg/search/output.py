@@ -75,7 +75,13 @@ def render_toon(result: SearchResult, bold: bool = False) -> str:
         }
         for chunk in result.chunks
     ]
-    return toon_format.encode({"chunks": rows})
+    document: dict[str, Any] = {"chunks": rows}
+    if result.facets:  # asked for with --facets
+        document["facets"] = [
+            {"facet": f.facet, "value": f.value, "documents": f.documents, "chunks": f.chunks}
+            for f in result.facets
+        ]
+    return toon_format.encode(document)
 
 
 def render_json(result: SearchResult) -> str:

@@ -144,6 +144,10 @@ class SearchRequest:
     graph_min_score: float | None = _field(
         "float", "Graph arm: path score floor (product of edge weights).", 0.0, 1.0,
         default_note="0.5, set in SQL", tuning=True)
+    facets: tuple[str, ...] | None = _field(
+        "texts", "Count the documents of the match set per value of FIELD: category, labels, "
+        "groups or metadata.KEY (repeatable, or comma-separated).", flag="--facets",
+        metavar="FIELD", in_python=True)
     snippet: int | None = _field(
         "int", "Each chunk's snippet: at most this many characters of it around the query's "
         "words, which are marked (kb.highlight; 0: neither).", 0, 10000, default_note="200",

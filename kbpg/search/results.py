@@ -48,6 +48,16 @@ class Source:
 
 
 @dataclass(frozen=True)
+class FacetCount:
+    """How many documents (and chunks) of the search's match set hold a value of a field."""
+
+    facet: str  # category, labels, groups or metadata.KEY
+    value: str
+    documents: int
+    chunks: int
+
+
+@dataclass(frozen=True)
 class Timings:
     embed_ms: float
     sql_ms: float
@@ -63,6 +73,7 @@ class SearchResult:
     timings: Timings
     notices: tuple[str, ...] = ()
     stages: tuple[StageReport, ...] = ()  # what each optional stage asked for did, and why
+    facets: tuple[FacetCount, ...] = ()  # the counts asked for (kb.facets), by field
     sources: tuple[Source, ...] = field(init=False)
     context: str = field(init=False)
 
@@ -90,6 +101,7 @@ class SearchResult:
             "sources": [_record(s) for s in self.sources],
             "chunks": [_record(c) for c in self.chunks],
             "stages": [_record(s) for s in self.stages],
+            "facets": [_record(f) for f in self.facets],
         }
 
     @property
@@ -98,7 +110,7 @@ class SearchResult:
         return tuple(s.warning for s in self.stages if s.warning)
 
 
-def _record(item: Chunk | Source | StageReport) -> dict[str, Any]:
+def _record(item: Chunk | Source | StageReport | FacetCount) -> dict[str, Any]:
     """dataclasses.asdict for these flat records (their fields hold no dataclass), without its
     recursive deep copy: 10x faster, and the HTTP API converts every result."""
     names = _FIELD_NAMES.get(type(item))

@@ -3,6 +3,7 @@ rerank when asked (then cap and cut in SQL), and type the rows."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -16,7 +17,7 @@ from kbpg.errors import EmbeddingSpaceMismatch
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, FloatArray, embed_queries, embedder_for_model
 from kbpg.search.request import SearchRequest, sql_types
-from kbpg.search.results import Chunk, SearchResult, Timings
+from kbpg.search.results import Chunk, FacetCount, SearchResult, Timings
 from kbpg.search.stages import SKIPPED, StageReport, cap_and_cut, paraphrases, rerank_order
 from kbpg.store import queries
 from kbpg.store.sessions import Cancellation, Database, Principal
@@ -107,6 +108,7 @@ def run_search(
             statement = queries.call_search_text(_SEARCH_TYPE_ITEMS, tuple(args))
             with conn.cursor(row_factory=dict_row) as cursor:
                 rows = cursor.execute(statement, args).fetchall()
+            facets = _facets(conn, request)
             if reranker is None:
                 rows = _highlighted(conn, rows, request)
         finally:
@@ -138,7 +140,27 @@ def run_search(
         timings=timings,
         notices=tuple(notices),
         stages=tuple(stages),
+        facets=facets,
     )
+
+
+def _facets(conn: psycopg.Connection[Any], request: SearchRequest) -> tuple[FacetCount, ...]:
+    """kb.facets for the fields the request names (commas split them too), same filters."""
+    if not request.facets:
+        return ()
+    names = [name.strip() for item in request.facets for name in item.split(",") if name.strip()]
+    found = conn.execute(
+        queries.FACETS,
+        {
+            "query": request.query,
+            "facets": names,
+            "groups": None if request.groups is None else list(request.groups),
+            "category": request.category,
+            "labels": None if request.labels is None else list(request.labels),
+            "filter": None if request.filter is None else json.dumps(request.filter),
+        },
+    ).fetchall()
+    return tuple(FacetCount(str(f), str(v), int(d), int(c)) for f, v, d, c in found)
 
 
 def _highlighted(

@@ -41,7 +41,7 @@ from kbpg.errors import (
     StageUnavailable,
 )
 from kbpg.search import request as search_request
-from kbpg.search.results import Chunk, SearchResult, Source
+from kbpg.search.results import Chunk, FacetCount, SearchResult, Source
 from kbpg.search.stages import StageReport
 from kbpg.serve.guard import (
     HEALTH_PATH,
@@ -136,6 +136,11 @@ class SearchResponse(BaseModel):
         default_factory=list,
         description="What each optional stage asked for (rerank, expand) did: applied, "
         "skipped or failed, with the reason; a failed stage leaves the plain result.",
+    )
+    facets: list[FacetCount] = Field(
+        default_factory=list,
+        description="The counts asked for with `facets`: per field, its values with the "
+        "number of documents and chunks of the match set holding them (kb.facets).",
     )
 
 

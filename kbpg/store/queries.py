@@ -23,6 +23,12 @@ HIGHLIGHT: Final = (
     " cross join lateral kb.highlight(c.content, %(query)s, %(length)s) h order by c.ord"
 )
 
+# Facet counts over the search's match set, with the same filters (kb.facets).
+FACETS: Final = (
+    "select facet, value, documents, chunks from kb.facets(%(query)s, %(facets)s::text[],"
+    " %(groups)s::text[], %(category)s::text, %(labels)s::text[], %(filter)s::jsonb)"
+)
+
 # After a reranker: its order through the per-document cap and the cut, as 1-based positions
 # into that order ({max_per_doc} is empty for kb.cap_per_document's own default).
 CAP_AND_CUT: Final = (

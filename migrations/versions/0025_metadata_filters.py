@@ -77,6 +77,7 @@ drop function if exists kb._chunk_filter_sql(text, text, text, text, text, text[
 drop function if exists kb.fuse_convex(bigint[], double precision[], bigint[], double precision[],
     bigint[], double precision[], double precision, double precision, double precision);
 drop function if exists kb.highlight(text, text, integer);
+drop function if exists kb.facets(text, text[], text[], text, text[], jsonb, integer);
 drop function if exists kb._highlight_ranges(text, text);
 drop function if exists kb._metadata_holds(bigint, text);
 drop function if exists kb._metadata_filter_sql(text, jsonb);

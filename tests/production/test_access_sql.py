@@ -219,6 +219,24 @@ def test_a_metadata_filter_never_matches_a_hidden_document(enforced: AccessKb) -
     }
 
 
+def test_facets_count_only_what_the_reader_may_read(enforced: AccessKb) -> None:
+    counts = {}
+    for who in ("alice", "bob", "dave", "walt"):
+        with enforced.connect(who) as conn:
+            counts[who] = {
+                (v, d)
+                for v, d, _ in conn.execute(
+                    "select value, documents, chunks from kb.facets('', '{groups}')"
+                ).fetchall()
+            }
+    assert counts == {
+        "alice": {("public", 1), ("hr", 2), ("finance", 1)},  # both.md is in hr and finance
+        "bob": {("public", 1), ("finance", 2), ("hr", 1)},
+        "dave": {("public", 1)},
+        "walt": {("public", 1), ("hr", 2), ("finance", 2)},
+    }
+
+
 def test_lexical_cache_rows_are_split_by_class_and_hidden(enforced: AccessKb) -> None:
     akb = enforced
     with akb.connect("owner") as conn:

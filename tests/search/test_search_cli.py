@@ -48,7 +48,7 @@ def test_json_output(kb_env: dict[str, str]) -> None:  # noqa: F811
     code, out, err = invoke(kb_env, "search", "renew parking permit", "--json", "--top", "3")
     assert code == 0, err
     payload = json.loads(out)
-    assert set(payload) == {"context", "sources", "chunks", "stages"}
+    assert set(payload) == {"context", "sources", "chunks", "stages", "facets"}
     assert len(payload["chunks"]) == 3
     chunk = payload["chunks"][0]
     for key in ("document", "source", "section", "score", "similarity", "content"):

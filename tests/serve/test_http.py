@@ -58,7 +58,7 @@ def test_search(api: httpx.Client) -> None:
     response = search(api, query="how do I renew a parking permit")
     assert response.status_code == 200
     payload = response.json()
-    assert set(payload) == {"context", "sources", "chunks", "stages"}
+    assert set(payload) == {"context", "sources", "chunks", "stages", "facets"}
     assert len(payload["chunks"]) == 8  # KBPG_DEFAULT_MAX_CHUNKS, not the CLI's 5
     first = payload["chunks"][0]
     assert first["section"] == "Parking permits > Renewing a permit"

@@ -85,6 +85,24 @@ def test_recency_puts_the_newest_page_first(env: dict[str, str]) -> None:
     assert bad.exit_code == 1 and "soon" in bad.stderr
 
 
+def test_facets_count_the_match_set_by_field(env: dict[str, str]) -> None:
+    result = cli(
+        env, "--json", "--facets", "metadata.updated,category", "--filter", "updated>=2024-01-01"
+    )
+    assert result.exit_code == 0, result.stderr
+    facets = json.loads(result.stdout)["facets"]
+    # the fields in the order asked, values with most documents (then chunks) first
+    assert [f["facet"] for f in facets] == ["metadata.updated"] * 4 + ["category"]
+    assert {(f["value"], f["documents"]) for f in facets[:4]} == {
+        ("2024-03-15", 1),
+        ("2024-09-01", 1),
+        ("2025-01-20", 1),
+        ("2025-06-30", 1),
+    }
+    assert (facets[4]["value"], facets[4]["documents"]) == ("permits", 4)
+    assert all(f["chunks"] >= f["documents"] for f in facets)
+
+
 @pytest.mark.parametrize(
     ("value", "code", "message"),
     [
@@ -112,6 +130,15 @@ def test_http_and_mcp_take_the_same_filter(env: dict[str, str], tmp_path: Path) 
         )
         assert ok.status_code == 200, ok.text
         assert names([c["source"] for c in ok.json()["chunks"]]) == SINCE_2025
+        faceted = api.post(
+            "/api/v1/kb/search",
+            json={"query": QUESTION, "filter": since, "facets": ["metadata.updated"]},
+            headers=auth,
+        ).json()["facets"]
+        assert [(f["value"], f["documents"]) for f in faceted] == [
+            ("2025-01-20", 1),
+            ("2025-06-30", 1),
+        ]
         bad = api.post(
             "/api/v1/kb/search",
             json={"query": QUESTION, "filter": {"updated": {"$gtt": 1}}},

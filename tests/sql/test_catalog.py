@@ -42,6 +42,7 @@ EXPECTED_VOLATILITY = {
     "kb._metadata_holds(bigint,text)": "s",
     "kb._highlight_ranges(text,text)": "s",
     "kb.highlight(text,text,integer)": "s",
+    "kb.facets(text,text[],text[],text,text[],jsonb,integer)": "s",
     "kb._chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",
     "kb._check_match_count(integer)": "i",
     "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[],jsonb)": "s",
@@ -145,6 +146,7 @@ READER_API = {
     "kb.list_grants",
     "kb.access_status",
     "kb.highlight",
+    "kb.facets",
 }
 # The other SECURITY DEFINER functions: the triggers a table source puts on an application's
 # table, so that the application's roles need no grant on schema kb; they write one table (the

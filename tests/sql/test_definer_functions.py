@@ -27,6 +27,7 @@ DEFINERS = {
     "kb.search_vector": "a vector, numbers and text[] filters: pgvector's distance operators over kb.chunks",
     "kb.search_lexical": "query text through the knowledge base's text search configuration (kb.language), numbers, text[] filters",
     "kb.highlight": "a text and query text through the knowledge base's text search configuration (kb.language): ts_headline, strpos and arithmetic on offsets; reads kb.language alone",
+    "kb.facets": "query text through kb.language, field names from a fixed list or a metadata key compiled to a jsonpath literal (%L), text[] filters and a metadata filter as kb.search: counts over kb.chunks and kb.documents",
     "kb.expand_graph": "bigint chunk ids, numbers, text[] filters: joins over kb.edges and kb.chunks",
     "kb.list_documents": "one text prefix compared with starts_with over kb.documents",
     "kb.get_document": "text[] document sources compared with text equality",
