@@ -312,12 +312,12 @@ begin
         end loop;
         picked := picked || array(select i from pg_catalog.generate_series(1, pool_size) i
                                   where i <> all (picked) order by i);
-        fused_ids := array(select fused_ids[i] from unnest(picked) with ordinality p(i, o) order by o);
-        fused_docs := array(select fused_docs[i] from unnest(picked) with ordinality p(i, o) order by o);
-        fused_scores := array(select fused_scores[i] from unnest(picked) with ordinality p(i, o) order by o);
-        fused_vector_ranks := array(select fused_vector_ranks[i] from unnest(picked) with ordinality p(i, o) order by o);
-        fused_lexical_ranks := array(select fused_lexical_ranks[i] from unnest(picked) with ordinality p(i, o) order by o);
-        fused_graph_ranks := array(select fused_graph_ranks[i] from unnest(picked) with ordinality p(i, o) order by o);
+        select array_agg(fused_ids[p.i] order by p.o), array_agg(fused_docs[p.i] order by p.o),
+               array_agg(fused_scores[p.i] order by p.o), array_agg(fused_vector_ranks[p.i] order by p.o),
+               array_agg(fused_lexical_ranks[p.i] order by p.o), array_agg(fused_graph_ranks[p.i] order by p.o)
+          into fused_ids, fused_docs, fused_scores, fused_vector_ranks, fused_lexical_ranks,
+               fused_graph_ranks
+          from unnest(picked) with ordinality as p(i, o);
     end if;
 
     return query
