@@ -87,7 +87,13 @@ def test_zero_hits_is_an_empty_result(retriever: Retriever) -> None:
     result = retriever.search("qwxzv zzkj", min_similarity=0.99)
     assert len(result) == 0
     assert result.context == ""
-    assert result.to_json() == {"context": "", "sources": [], "chunks": [], "stages": []}
+    assert result.to_json() == {
+        "context": "",
+        "sources": [],
+        "chunks": [],
+        "stages": [],
+        "facets": [],
+    }
 
 
 def test_context_block_numbers_chunks_and_lists_sources_once(retriever: Retriever) -> None:

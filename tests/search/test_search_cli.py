@@ -110,6 +110,7 @@ def test_zero_hits_is_success(kb_env: dict[str, str]) -> None:  # noqa: F811
         "sources": [],
         "chunks": [],
         "stages": [],
+        "facets": [],
     }
     code, out, _ = invoke(kb_env, "search", "qwxzv", "--min-similarity", "0.99", "--context")
     assert (code, out) == (0, "")

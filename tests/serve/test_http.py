@@ -92,7 +92,7 @@ def test_filters(api: httpx.Client) -> None:
     }
     empty = search(api, query="parking", groups=["nobody"])
     assert empty.status_code == 200
-    assert empty.json() == {"context": "", "sources": [], "chunks": [], "stages": []}
+    assert empty.json() == {"context": "", "sources": [], "chunks": [], "stages": [], "facets": []}
 
 
 @pytest.mark.parametrize(

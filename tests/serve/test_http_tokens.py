@@ -118,7 +118,13 @@ def test_each_token_sees_exactly_its_groups(setup: Setup) -> None:
 
 def test_groups_in_the_body_narrow_but_never_widen(setup: Setup) -> None:
     widened = search(setup, PUBLIC_TOKEN, groups=["staff"])
-    assert widened.json() == {"context": "", "sources": [], "chunks": [], "stages": []}
+    assert widened.json() == {
+        "context": "",
+        "sources": [],
+        "chunks": [],
+        "stages": [],
+        "facets": [],
+    }
     assert sources(search(setup, PUBLIC_TOKEN, groups=["staff", "public"])) == ALL - {STAFF_ONLY}
     assert sources(search(setup, setup.staff_token, groups=["staff"])) == {STAFF_ONLY}
     assert STAFF_ONLY not in sources(search(setup, setup.staff_token, groups=["public"]))
