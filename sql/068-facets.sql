@@ -28,7 +28,6 @@ declare
     values_sql text;
     name text;
     terms text[];
-    position integer := 0;
 begin
     perform kb._check_filter_lists(facets.groups, facets.labels);
     perform kb._metadata_jsonpath(facets.filter);
@@ -50,7 +49,6 @@ begin
                                       facets.labels, visible, facets.filter)
                  || case when has_text then ' and c.tsv operator(pg_catalog.@@) $5' else '' end;
     foreach name in array facets.facets loop
-        position := position + 1;
         values_sql := case
             when name = 'category' then 'select c.category as v from kb.chunks c where c.category is not null and '
             when name = 'labels' then 'select l.v from kb.chunks c cross join pg_catalog.unnest(c.labels) as l(v) where '
