@@ -3,7 +3,6 @@ rerank when asked (then cap and cut in SQL), and type the rows."""
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
@@ -108,7 +107,7 @@ def run_search(
             statement = queries.call_search_text(_SEARCH_TYPE_ITEMS, tuple(args))
             with conn.cursor(row_factory=dict_row) as cursor:
                 rows = cursor.execute(statement, args).fetchall()
-            facets = _facets(conn, request)
+            facets = _facets(conn, request, args)
             if reranker is None:
                 rows = _highlighted(conn, rows, request)
         finally:
@@ -144,21 +143,17 @@ def run_search(
     )
 
 
-def _facets(conn: psycopg.Connection[Any], request: SearchRequest) -> tuple[FacetCount, ...]:
-    """kb.facets for the fields the request names (commas split them too), same filters."""
+def _facets(
+    conn: psycopg.Connection[Any], request: SearchRequest, args: dict[str, Any]
+) -> tuple[FacetCount, ...]:
+    """kb.facets for the fields the request names (commas split them too), with the filters
+    as kb.search's arguments `args` carry them."""
     if not request.facets:
         return ()
     names = [name.strip() for item in request.facets for name in item.split(",") if name.strip()]
+    filters = {name: args.get(name) for name in ("groups", "category", "labels", "filter")}
     found = conn.execute(
-        queries.FACETS,
-        {
-            "query": request.query,
-            "facets": names,
-            "groups": None if request.groups is None else list(request.groups),
-            "category": request.category,
-            "labels": None if request.labels is None else list(request.labels),
-            "filter": None if request.filter is None else json.dumps(request.filter),
-        },
+        queries.FACETS, {"query": request.query, "facets": names, **filters}
     ).fetchall()
     return tuple(FacetCount(str(f), str(v), int(d), int(c)) for f, v, d, c in found)
 
