@@ -31,8 +31,7 @@ def marked_preview(chunk: Chunk, width: int = PREVIEW_CHARS, bold: bool = False)
     pieces.append((text[at:], False))
     shown: list[str] = []
     room = width
-    flat = " ".join(" ".join(piece for piece, _ in pieces).split())
-    cut = len(flat) > width
+    cut = len(" ".join(text.split())) > width  # the text on one line, whitespace collapsed
     pending_space = False
     for piece, marked in pieces:
         words = piece.split()
