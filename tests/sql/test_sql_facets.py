@@ -117,3 +117,13 @@ def test_bad_facets_are_refused(conn, corpus, names, top, message):
     with raises_sqlstate(conn, "KB004" if "empty part" in message else "22023") as info:
         conn.execute("select * from kb.facets('permit', %s, top_values => %s)", (names, top))
     assert message in info.value.diag.message_primary
+
+
+def test_a_hostile_metadata_key_is_only_a_key(conn, corpus):
+    # the key goes into a jsonpath literal as a quoted JSON string: no SQL, no path syntax
+    for key in ["year') or true --", 'year" || $.tags', "year'); drop table kb.chunks; --"]:
+        rows = conn.execute(
+            "select * from kb.facets('', %s::text[])", ([f"metadata.{key}"],)
+        ).fetchall()
+        assert rows == [], key
+    assert conn.execute("select count(*) from kb.chunks").fetchone() == (len(corpus),)
