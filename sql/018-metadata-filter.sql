@@ -379,3 +379,132 @@ return compiled is null
 comment on function kb._metadata_holds(bigint, text) is
     'Row-wise form of a compiled metadata filter (kb._metadata_jsonpath; NULL: none) for the '
     'few chunks an arm has already narrowed down: whether the document''s metadata matches.';
+
+-- Indexed metadata keys (kb.indexed_metadata_keys, kb.index_metadata_key): the filter bitmaps
+-- and value caches of sql/045 hold a row per (key, value) of such a key as they do per group,
+-- category and label, filter kind 'metadata', the value '["key", value]' (jsonb text; a number
+-- without trailing zeros, as SQL/JSON's == compares numbers: 2020 and 2020.0 are one value).
+-- A filter's equalities on indexed keys that every chunk it keeps must hold (its anchors) then
+-- mask the lexical arm as a group does.
+
+create or replace function kb._metadata_mask_value(key text, value jsonb)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+-- no SET clause: inlined per row (see kb._metadata_match_sql)
+return pg_catalog.jsonb_build_array(
+           key,
+           case when pg_catalog.jsonb_typeof(value) = 'number'
+                then pg_catalog.to_jsonb(pg_catalog.trim_scale(value::numeric))
+                else value end)::text;
+comment on function kb._metadata_mask_value(text, jsonb) is
+    'The bitmaps'' and value caches'' name for a scalar of an indexed metadata key: '
+    '''["key", value]'' (numbers without trailing zeros). Internal to the metadata filter.';
+
+create or replace function kb._metadata_mask_prefix(key text)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+-- no SET clause: inlined
+return '[' || pg_catalog.to_jsonb(key)::text || ', ';
+comment on function kb._metadata_mask_prefix(text) is
+    'How the names of a key''s values begin (kb._metadata_mask_value): ''["key", ''. Tells '
+    'them from other filter values without reading any as JSON. Internal.';
+
+create or replace function kb._metadata_anchors(metadata_filter jsonb)
+returns text[]
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    entry record;
+    found text[] := '{}';
+    eq jsonb;
+begin
+    -- a filter is ANDed across its keys and down $and lists; $or and $not imply no equality
+    if pg_catalog.jsonb_typeof(metadata_filter) is distinct from 'object' then
+        return found;
+    end if;
+    for entry in select e.key, e.value from pg_catalog.jsonb_each(metadata_filter) e loop
+        if entry.key = '$and' and pg_catalog.jsonb_typeof(entry.value) = 'array' then
+            found := found || (select coalesce(pg_catalog.array_agg(a), '{}')
+                                 from pg_catalog.jsonb_array_elements(entry.value) f,
+                                      pg_catalog.unnest(kb._metadata_anchors(f)) a);
+            continue;
+        end if;
+        continue when pg_catalog.starts_with(entry.key, '$');
+        eq := case
+            when pg_catalog.jsonb_typeof(entry.value) <> 'object' then entry.value
+            when entry.value ? '$eq' then entry.value -> '$eq'
+            when pg_catalog.jsonb_typeof(entry.value -> '$in') = 'array'
+                 and pg_catalog.jsonb_array_length(entry.value -> '$in') = 1
+                then entry.value -> '$in' -> 0 end;
+        if pg_catalog.jsonb_typeof(eq) in ('string', 'number', 'boolean') then
+            found := found || kb._metadata_mask_value(entry.key, eq);
+        end if;
+    end loop;
+    return found;
+end
+$$;
+comment on function kb._metadata_anchors(jsonb) is
+    'The equalities (key, scalar) every document a metadata filter keeps must hold: a key''s '
+    'scalar value, $eq, a $in of one value, at the top or down $and lists; as '
+    'kb._metadata_mask_value names them. Internal to the metadata filter.';
+
+create or replace function kb._metadata_masks(metadata_filter jsonb)
+returns table (mask_values text[], exact boolean)
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body (kb.indexed_metadata_keys need not exist when sql/ is applied)
+as $$
+    -- the anchors on indexed keys: they mask the lexical arm (every chunk the filter keeps
+    -- holds them); exact when the filter says nothing else (the bitmaps then count its chunks)
+    with a as (select kb._metadata_anchors(metadata_filter) as anchors)
+    select coalesce((select pg_catalog.array_agg(distinct v order by v)
+                       from pg_catalog.unnest(a.anchors) v
+                      where (v::jsonb ->> 0) in (select k.key from kb.indexed_metadata_keys k)), '{}'),
+           metadata_filter is null or metadata_filter in ('null', '{}')
+           or (metadata_filter = (select pg_catalog.jsonb_object_agg(v::jsonb ->> 0, v::jsonb -> 1)
+                                    from pg_catalog.unnest(a.anchors) v)
+               and not exists (select from pg_catalog.unnest(a.anchors) v
+                                where (v::jsonb ->> 0) not in (select k.key from kb.indexed_metadata_keys k)))
+      from a
+$$;
+comment on function kb._metadata_masks(jsonb) is
+    'Of a metadata filter''s anchors (kb._metadata_anchors), those on indexed keys '
+    '(kb.indexed_metadata_keys: their bitmaps exist), and whether the filter is exactly their '
+    'conjunction (the bitmaps then count the chunks it keeps). Internal to the search arms.';
+
+create or replace function kb._metadata_filter_values(metadata jsonb)
+returns setof text
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body (see kb._metadata_masks)
+as $$
+    -- each indexed key's scalars as its equality finds them: the path's items (lax, as the
+    -- filter's), an array's elements (SQL/JSON's == unwraps one level)
+    select distinct kb._metadata_mask_value(k.key, e.value)
+      from kb.indexed_metadata_keys k
+     cross join lateral pg_catalog.jsonb_path_query(metadata, k.path) i(item)
+     cross join lateral (select x from pg_catalog.jsonb_array_elements(i.item) x
+                          where pg_catalog.jsonb_typeof(i.item) = 'array'
+                         union all
+                         select i.item where pg_catalog.jsonb_typeof(i.item) <> 'array') e(value)
+     where pg_catalog.jsonb_typeof(e.value) in ('string', 'number', 'boolean')
+$$;
+comment on function kb._metadata_filter_values(jsonb) is
+    'A document''s values of the indexed metadata keys, named as the filter bitmaps name them '
+    '(kb._metadata_mask_value). Internal to sql/045.';

@@ -54,7 +54,8 @@ comment on function kb._chunk_filter_sql(text, text, text, text, text, text[], t
 create or replace function kb._filter_masks_serve(
     filter_groups text[],
     filter_category text,
-    filter_labels text[]
+    filter_labels text[],
+    metadata_values text[] default null
 )
 returns boolean
 language sql
@@ -64,7 +65,8 @@ set search_path = pg_catalog, pg_temp
 -- a string body (kb.lexical_state is a Citus reference table: see sql/080)
 as $$
     select (coalesce(cardinality(filter_groups), 0) > 0 or filter_category is not null
-            or coalesce(cardinality(filter_labels), 0) > 0)
+            or coalesce(cardinality(filter_labels), 0) > 0
+            or coalesce(cardinality(metadata_values), 0) > 0)
            -- a NULL label matches no chunk (labels @> '{NULL}' is never true): not a bitmap's
            and pg_catalog.array_position(filter_labels, null) is null
            -- 'public' keeps the chunks without groups, which no group's bitmap holds
@@ -72,15 +74,17 @@ as $$
            and not kb._distributed()
            and coalesce((select l.filter_masks from kb.lexical_state l), false)
 $$;
-comment on function kb._filter_masks_serve(text[], text, text[]) is
+comment on function kb._filter_masks_serve(text[], text, text[], text[]) is
     'Whether kb.lexical_filter_masks serves these filters (kb._filter_masks): at least one '
-    'given (not the group ''public'', which keeps chunks without groups too), on a single '
+    'given (not the group ''public'', which keeps chunks without groups too; metadata_values: '
+    'a metadata filter''s equalities on indexed keys, kb._metadata_masks), on a single '
     'server, with the bitmaps covering the impact cache (sql/045).';
 
 create or replace function kb._filter_masks(
     filter_groups text[],
     filter_category text,
-    filter_labels text[]
+    filter_labels text[],
+    metadata_values text[] default null
 )
 returns table (block_no integer, kept varbit)
 language sql
@@ -100,21 +104,25 @@ as $$
             select m.block_no, m.kept
               from kb.lexical_filter_masks m
              where (m.filter_kind = 'category' and m.value = filter_category)
-                or (m.filter_kind = 'label' and m.value = any (filter_labels))) p
+                or (m.filter_kind = 'label' and m.value = any (filter_labels))
+                or (m.filter_kind = 'metadata' and m.value = any (metadata_values))) p
      group by p.block_no
     having pg_catalog.count(*) = (coalesce(cardinality(filter_groups), 0) > 0)::integer
                                  + (filter_category is not null)::integer
                                  + (select pg_catalog.count(distinct l) from pg_catalog.unnest(filter_labels) l)
+                                 + (select pg_catalog.count(distinct v) from pg_catalog.unnest(metadata_values) v)
 $$;
-comment on function kb._filter_masks(text[], text, text[]) is
+comment on function kb._filter_masks(text[], text, text[], text[]) is
     'Per block of the impact cache holding chunks the filters keep, their bits (from '
-    'kb.lexical_filter_masks: the groups'' ORed, ANDed with the category''s and each label''s). '
+    'kb.lexical_filter_masks: the groups'' ORed, ANDed with the category''s, each label''s and '
+    'each of metadata_values'', kb._metadata_masks). '
     'Only where kb._filter_masks_serve says so; internal to the search arms.';
 
 create or replace function kb._filter_cache_anchor(
     filter_groups text[],
     filter_category text,
-    filter_labels text[]
+    filter_labels text[],
+    metadata_values text[] default null
 )
 returns table (cache_id integer, chunk_count bigint, block_size integer)
 language sql
@@ -131,12 +139,13 @@ as $$
             and (select pg_catalog.count(distinct g) from pg_catalog.unnest(filter_groups) g) = 1)
         or (f.filter_kind = 'category' and f.value = filter_category)
         or (f.filter_kind = 'label' and f.value = any (filter_labels))
+        or (f.filter_kind = 'metadata' and f.value = any (metadata_values))
      order by f.chunk_count, f.cache_id
      limit 1
 $$;
-comment on function kb._filter_cache_anchor(text[], text, text[]) is
+comment on function kb._filter_cache_anchor(text[], text, text[], text[]) is
     'Of the filter values every chunk the filters keep must hold (the only group, the '
-    'category, each label), the one whose own impact cache (kb.lexical_filter_caches) covers '
+    'category, each label, each of metadata_values), the one whose own impact cache (kb.lexical_filter_caches) covers '
     'fewest chunks, their count and its block size; no row if none has one. Internal to the '
     'lexical arm.';
 
@@ -171,15 +180,20 @@ declare
         filter_metadata);
     sampled bigint;
     state kb.lexical_state;
+    -- a metadata filter the bitmaps of indexed keys count exactly (kb._metadata_masks)
+    metadata_masks record;
 begin
     -- the chunks' bits in the filters' stored bitmaps (sql/045), when every chunk is in the
     -- cache (the bitmaps cover the chunks up to its watermark); 0.2 ms, not a sample
-    if visible_groups is null and filter_metadata is null
-       and kb._filter_masks_serve(filter_groups, filter_category, filter_labels) then
+    select * into metadata_masks from kb._metadata_masks(filter_metadata);
+    if visible_groups is null and metadata_masks.exact
+       and kb._filter_masks_serve(filter_groups, filter_category, filter_labels,
+                                  metadata_masks.mask_values) then
         select * into state from kb.lexical_state;
         if not exists (select 1 from kb.chunks c where c.id > state.watermark) then
             return (select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0)
-                      from kb._filter_masks(filter_groups, filter_category, filter_labels) m);
+                      from kb._filter_masks(filter_groups, filter_category, filter_labels,
+                                            metadata_masks.mask_values) m);
         end if;
     end if;
     if kb._distributed() then

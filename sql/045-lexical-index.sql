@@ -46,12 +46,21 @@ as $$
               from (select distinct c.id, v.filter_kind, v.value
                       from kb.chunks c
                      cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) v
-                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2) f) x
+                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2
+                    union
+                    -- the indexed metadata keys' values, from the chunk's document
+                    select c.id, 'metadata', v.value
+                      from kb.chunks c
+                      join kb.documents d on d.id = c.document_id
+                     cross join lateral kb._metadata_filter_values(d.metadata) v(value)
+                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2
+                       and exists (select from kb.indexed_metadata_keys)) f) x
      group by x.filter_kind, x.value;
 $$;
 comment on function kb._refresh_filter_masks(integer, integer) is
-    'Rewrite one block''s rows of kb.lexical_filter_masks (its groups'', categories'' and '
-    'labels'' bitmaps) from kb.chunks. Internal to kb.refresh_lexical_index.';
+    'Rewrite one block''s rows of kb.lexical_filter_masks (its groups'', categories'', '
+    'labels'' and indexed metadata keys'' values'' bitmaps) from kb.chunks and their documents. '
+    'Internal to kb.refresh_lexical_index.';
 
 create or replace function kb._refresh_filter_cache(
     kind text,
@@ -78,12 +87,16 @@ declare
     rewrite integer[];
     appended_to integer[];
     first_slot integer;
-    -- the value's filter, indexable (groups && / category = / labels @>)
+    -- an indexed metadata key's value as the filter {"key": value} (kb._metadata_mask_value)
+    metadata_filter constant jsonb := case when kind = 'metadata' then
+        pg_catalog.jsonb_build_object(filter_value::jsonb ->> 0, filter_value::jsonb -> 1) end;
+    metadata_path constant text := kb._metadata_jsonpath(metadata_filter);
+    -- the value's filter, indexable (groups && / category = / labels @> / metadata @@)
     value_sql constant text := kb._chunk_filter_sql(
         'c', '$1', '$2', '$3', null,
         case when kind = 'group' then array[filter_value] end,
         case when kind = 'category' then filter_value end,
-        case when kind = 'label' then array[filter_value] end, null);
+        case when kind = 'label' then array[filter_value] end, null, metadata_filter);
 begin
     select f.cache_id into cache from kb.lexical_filter_caches f
      where f.filter_kind = kind and f.value = filter_value;
@@ -150,6 +163,7 @@ begin
                         where c.id = s.chunk_id
                           and case kind when 'group' then c.groups @> array[filter_value]
                                         when 'category' then c.category = filter_value
+                                        when 'metadata' then kb._metadata_holds(c.document_id, metadata_path)
                                         else c.labels @> array[filter_value] end);
     get diagnostics dropped = row_count;
     delete from kb.lexical_filter_blocks b where b.cache_id = cache and b.block_no = any (rewrite);
@@ -371,12 +385,19 @@ begin
         select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
           into touched_kinds, touched_values
           from (select distinct x.filter_kind, x.value
-                  from (select c.groups, c.category, c.labels from kb.chunks c
+                  from (select c.groups, c.category, c.labels, c.document_id from kb.chunks c
                          where c.id > state.watermark and c.id <= max_id
                         union all
-                        select c.groups, c.category, c.labels from kb.chunks c
+                        select c.groups, c.category, c.labels, c.document_id from kb.chunks c
                           join kb.lexical_pending p on p.chunk_id = c.id) c
-                 cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) x
+                 cross join lateral (select v.filter_kind, v.value
+                                       from kb._chunk_filter_values(c.groups, c.category, c.labels) v
+                                     union all
+                                     select 'metadata', v.value
+                                       from kb.documents d
+                                      cross join lateral kb._metadata_filter_values(d.metadata) v(value)
+                                      where d.id = c.document_id
+                                        and 'metadata' = any (eligible_kinds)) x
                  where cardinality(eligible_kinds) > 0) t;
         for v in
             select e.filter_kind, e.value,
@@ -467,3 +488,84 @@ comment on function kb.recount_bm25_statistics() is
     'the impact cache: the repair after changes the triggers did not see (a partition detached '
     'or truncated on its own, triggers disabled during a restore or on a logical replica). '
     'Writers wait while it runs.';
+
+create or replace function kb.index_metadata_key(key text)
+returns boolean
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    path constant text := kb._metadata_key_path(index_metadata_key.key, 'kb.index_metadata_key');
+begin
+    if kb._distributed() then
+        raise exception 'indexed metadata keys are for a single server: the distributed layout has no filter bitmaps'
+            using errcode = '0A000', hint = 'metadata filters work as they are, scored from the filtered chunks';
+    end if;
+    insert into kb.indexed_metadata_keys (key, path) values (index_metadata_key.key, path::pg_catalog.jsonpath)
+    on conflict do nothing;
+    if not found then
+        return false;
+    end if;
+    -- every block's bitmaps rewritten with the key's values, their caches built
+    update kb.lexical_state set filter_masks = false;
+    perform kb.refresh_lexical_index();
+    return true;
+end
+$$;
+comment on function kb.index_metadata_key(text) is
+    'Index a metadata key (dotted for a nested one, as filters name it): its values get filter '
+    'bitmaps and value caches of their own, as groups have, so that a filter''s equalities on '
+    'it ({"product": "p7"}) serve the lexical arm as fast as a group filter. Builds them now (a '
+    'refresh of every block''s bitmaps); false when the key was indexed already. For keys with '
+    'a few to a few thousand values: every value costs a bitmap per block it occurs in.';
+
+create or replace function kb.unindex_metadata_key(key text)
+returns boolean
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    delete from kb.indexed_metadata_keys k where k.key = unindex_metadata_key.key;
+    if not found then
+        return false;
+    end if;
+    delete from kb.lexical_filter_blocks b using kb.lexical_filter_caches f
+     where b.cache_id = f.cache_id and f.filter_kind = 'metadata'
+       and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
+    delete from kb.lexical_filter_slots s using kb.lexical_filter_caches f
+     where s.cache_id = f.cache_id and f.filter_kind = 'metadata'
+       and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
+    delete from kb.lexical_filter_caches f
+     where f.filter_kind = 'metadata' and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
+    delete from kb.lexical_filter_masks m
+     where m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
+    return true;
+end
+$$;
+comment on function kb.unindex_metadata_key(text) is
+    'Stop indexing a metadata key: its bitmaps and value caches are dropped (its filters still '
+    'work, scored from the filtered chunks); false when it was not indexed.';
+
+create or replace function kb.list_indexed_metadata_keys()
+returns table (key text, indexed_at timestamptz, "values" bigint, cached_values bigint)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+-- a string body (see kb._metadata_masks)
+as $$
+    select k.key, k.indexed_at,
+           (select pg_catalog.count(distinct m.value) from kb.lexical_filter_masks m
+             where m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, kb._metadata_mask_prefix(k.key))),
+           (select pg_catalog.count(*) from kb.lexical_filter_caches f
+             where f.filter_kind = 'metadata' and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(k.key)))
+      from kb.indexed_metadata_keys k
+     order by k.key
+$$;
+comment on function kb.list_indexed_metadata_keys() is
+    'The indexed metadata keys (kb.index_metadata_key), how many of their values the filter '
+    'bitmaps hold and how many have a value cache of their own.';

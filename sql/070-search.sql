@@ -195,8 +195,9 @@ begin
           from kb._search_vector(search.query_embedding, pool, search.groups, search.category,
                                  search.labels, search.min_similarity, search.extra_embeddings,
                                  keep_filtered => search.use_lexical and has_text
-                                     and not kb._filter_masks_serve(search.groups, search.category,
-                                                                    search.labels),
+                                     and not kb._filter_masks_serve(
+                                         search.groups, search.category, search.labels,
+                                         (select m.mask_values from kb._metadata_masks(search.filter) m)),
                                  visible_groups => visible, metadata_filter => search.filter) v;
     end if;
 

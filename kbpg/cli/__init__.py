@@ -49,6 +49,7 @@ for command in (
     library.documents,
     library.stats,
     library.index_command,
+    library.metadata_keys,
     library.reembed,
     library.recontextualize,
     library.embed,

@@ -387,6 +387,71 @@ def index_command(app: AppContext, layout: str | None) -> None:
     click.echo(f"built the {chosen} index in {seconds:.1f} s", err=True)
 
 
+@click.group("metadata-keys")
+def metadata_keys() -> None:
+    """Metadata keys indexed for fast filters: a filter's equalities on them
+    ({"product": "p7"}) serve the lexical arm as a group filter does."""
+
+
+@metadata_keys.command("list")
+@json_option
+@pass_app
+@handle_errors
+def metadata_keys_list(app: AppContext, as_json: bool) -> None:
+    """The indexed keys: key, values held, values with a cache of their own (tab-separated)."""
+    from kbpg.store.metadata_keys import indexed_keys
+
+    with app.knowledge_base() as kb:
+        keys = indexed_keys(kb.db)
+    print_rows(
+        keys,
+        as_json,
+        ["key", "values", "cached_values", "indexed_at"],
+        lambda k: [k.key, str(k.values), str(k.cached_values), k.indexed_at],
+    )
+
+
+@metadata_keys.command("index")
+@click.argument("keys", nargs=-1, required=True)
+@pass_app
+@handle_errors
+def metadata_keys_index(app: AppContext, keys: tuple[str, ...]) -> None:
+    """Index KEYS (dotted when nested: author.name) and build their bitmaps now.
+
+    For keys with a few to a few thousand values (a product, a tenant, a year): each value
+    costs a bitmap per block of 16,000 chunks it occurs in. Filters on other keys work as
+    they are, scored from the filtered chunks.
+    """
+    from kbpg.store.metadata_keys import index_key
+
+    with app.knowledge_base() as kb:
+        for key in keys:
+            added = index_key(kb.db, key)
+            click.echo(
+                f"indexed {printable(key)}" if added else f"{printable(key)} was indexed already"
+            )
+
+
+@metadata_keys.command("unindex")
+@click.argument("keys", nargs=-1, required=True)
+@pass_app
+@handle_errors
+def metadata_keys_unindex(app: AppContext, keys: tuple[str, ...]) -> None:
+    """Stop indexing KEYS: their bitmaps and caches are dropped; their filters still work."""
+    from kbpg.store.metadata_keys import unindex_key
+
+    with app.knowledge_base() as kb:
+        missing = [key for key in keys if not unindex_key(kb.db, key)]
+    for key in keys:
+        if key not in missing:
+            click.echo(f"unindexed {printable(key)}")
+    if missing:
+        raise KbpgError(
+            f"not indexed: {', '.join(map(printable, missing))}",
+            hint="`kbpg metadata-keys list` shows the indexed keys",
+        )
+
+
 def _human_bytes(size: int) -> str:
     value = float(size)
     for unit in ("B", "kB", "MB", "GB"):

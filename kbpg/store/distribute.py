@@ -148,6 +148,8 @@ begin
     drop trigger chunks_lexical_update on kb.chunks;
     drop trigger chunks_lexical_delete on kb.chunks;
     drop trigger chunks_truncate on kb.chunks;
+    -- (the indexed metadata keys' bitmaps, revision 0026, are single-server only)
+    drop trigger if exists documents_metadata_changed on kb.documents;
     -- the truncation trigger before: Citus gives the shards the triggers a table has when it
     -- is distributed, but passes no later CREATE TRIGGER ... AFTER TRUNCATE on to them (and
     -- copying the rows truncates nothing)

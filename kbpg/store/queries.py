@@ -550,3 +550,10 @@ LANGUAGE_CHANGE_FINISH: Final = (
 # whether a configuration's words are English to the model (sql/015)
 LANGUAGE_IS_ENGLISH: Final = "select kb._language_is_english(%(language)s)"
 RESOLVE_LANGUAGE: Final = "select kb._resolve_language(%(language)s)"
+
+# indexed metadata keys (sql/045): filter bitmaps and value caches for a key's values
+INDEX_METADATA_KEY: Final = "select kb.index_metadata_key(%s)"
+UNINDEX_METADATA_KEY: Final = "select kb.unindex_metadata_key(%s)"
+LIST_INDEXED_METADATA_KEYS: Final = (
+    "select key, indexed_at, values, cached_values from kb.list_indexed_metadata_keys()"
+)

@@ -75,6 +75,34 @@ def test_the_cli_takes_json_and_the_short_form_alike(env: dict[str, str]) -> Non
     assert cli_sources(env, "--filter", "updated!=2025-01-20", "--filter", "updated>2025") == set()
 
 
+def test_indexed_keys_keep_the_answers_and_say_what_they_hold(env: dict[str, str]) -> None:
+    def keys(*args: str) -> Any:
+        return CliRunner().invoke(main, ["metadata-keys", *args], env=env)
+
+    before = cli_sources(env, "--filter", '{"updated": "2025-01-20"}')
+    assert before == {"renew-permit.md"}
+    indexed = keys("index", "updated", "author.name")
+    assert (indexed.exit_code, indexed.stdout) == (0, "indexed updated\nindexed author.name\n")
+    again = keys("index", "updated")
+    assert (again.exit_code, again.stdout) == (0, "updated was indexed already\n")
+    listed = keys("list", "--json")
+    assert listed.exit_code == 0, listed.stderr
+    # five dates, no author in the front matter; too few chunks for a value cache
+    assert [(k["key"], k["values"], k["cached_values"]) for k in json.loads(listed.stdout)] == [
+        ("author.name", 0, 0),
+        ("updated", 5, 0),
+    ]
+    assert cli_sources(env, "--filter", '{"updated": "2025-01-20"}') == before
+    assert cli_sources(env, "--filter", "updated>=2025-01-01") == SINCE_2025
+    bad = keys("index", "a..b")
+    assert bad.exit_code == 1 and 'the key "a..b"' in bad.stderr and "empty part" in bad.stderr
+    removed = keys("unindex", "updated", "author.name")
+    assert (removed.exit_code, removed.stdout) == (0, "unindexed updated\nunindexed author.name\n")
+    missing = keys("unindex", "updated")
+    assert missing.exit_code == 1 and "not indexed: updated" in missing.stderr
+    assert keys("list").stdout == ""
+
+
 def test_recency_puts_the_newest_page_first(env: dict[str, str]) -> None:
     # a 30-day half-life: five months between the two newest pages is a factor of 2^-5
     result = cli(env, "--json", "--recency", "30 days", "--recency-key", "updated")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import random
 from collections import defaultdict
@@ -140,14 +141,61 @@ def random_text(
 
 
 def keeps(
-    filters: dict[str, Any], groups: list[str], category: str | None, labels: list[str]
+    filters: dict[str, Any],
+    groups: list[str],
+    category: str | None,
+    labels: list[str],
+    metadata: dict[str, Any],
 ) -> bool:
-    """Whether a chunk passes kb.search's filters: any of the groups, the category, every label."""
+    """Whether a chunk passes kb.search's filters: any of the groups, the category, every label,
+    the metadata filter (`filter`: the operators metadata_holds knows)."""
     return (
         (not filters.get("groups") or bool(set(filters["groups"]) & set(groups)))
         and (filters.get("category") is None or category == filters["category"])
         and set(filters.get("labels") or ()) <= set(labels)
+        and (
+            filters.get("filter") is None or metadata_holds(metadata, json.loads(filters["filter"]))
+        )
     )
+
+
+def metadata_items(metadata: dict[str, Any], key: str) -> list[Any]:
+    """A dotted key's values in a document's metadata, an array's elements one by one."""
+    found: list[Any] = [metadata]
+    for part in key.split("."):
+        found = [f[part] for f in found if isinstance(f, dict) and part in f]
+    return [e for f in found for e in (f if isinstance(f, list) else [f])]
+
+
+def metadata_holds(metadata: dict[str, Any], filter_: dict[str, Any]) -> bool:
+    """The reference for the metadata filters of these tests ($eq, $in, $gte, $and; a scalar is
+    $eq), in Python: a value of another JSON type never matches (True is not 1)."""
+
+    def same(a: Any, b: Any) -> bool:
+        return type(a) is type(b) or (
+            isinstance(a, int | float)
+            and isinstance(b, int | float)
+            and bool not in (type(a), type(b))
+        )
+
+    for key, condition in filter_.items():
+        if key == "$and":
+            if not all(metadata_holds(metadata, f) for f in condition):
+                return False
+            continue
+        items = metadata_items(metadata, key)
+        conditions = condition if isinstance(condition, dict) else {"$eq": condition}
+        for op, arg in conditions.items():
+            if op == "$eq":
+                ok = any(same(v, arg) and v == arg for v in items)
+            elif op == "$in":
+                ok = any(same(v, a) and v == a for v in items for a in arg)
+            else:
+                assert op == "$gte", op
+                ok = any(same(v, arg) and v >= arg for v in items)
+            if not ok:
+                return False
+    return True
 
 
 def reference_top(
@@ -173,15 +221,16 @@ def reference_top(
         )
     }
     chunk_rows = conn.execute(
-        "select c.id, c.groups, c.category, c.labels, u.lexeme, array_length(u.positions, 1)"
-        " from kb.chunks c, unnest(c.tsv) u"
+        "select c.id, c.groups, c.category, c.labels, d.metadata, u.lexeme,"
+        " array_length(u.positions, 1)"
+        " from kb.chunks c join kb.documents d on d.id = c.document_id, unnest(c.tsv) u"
     ).fetchall()
     lengths: dict[int, int] = defaultdict(int)
     tfs: dict[int, dict[str, int]] = defaultdict(dict)
     kept: dict[int, bool] = {}
-    for cid, grp, category, labels, lexeme, tf in chunk_rows:
+    for cid, grp, category, labels, metadata, lexeme, tf in chunk_rows:
         lengths[cid] += tf
-        kept[cid] = keeps(filters or {}, grp, category, labels)
+        kept[cid] = keeps(filters or {}, grp, category, labels, metadata)
         if lexeme in terms:
             tfs[cid][lexeme] = tf
     n = len(lengths)
@@ -224,16 +273,26 @@ def assert_matches_reference(
 def lexical_given_filtered_ids(
     conn: psycopg.Connection[Any], query: str, k: int, **filters: Any
 ) -> list[Any]:
-    given = {"groups": None, "category": None, "labels": None, **filters}
+    given = {"groups": None, "category": None, "labels": None, "filter": None, **filters}
     return conn.execute(
         "select rank, chunk_id, document_id, score from kb._search_lexical(%(q)s, %(k)s,"
         " %(groups)s, %(category)s, %(labels)s,"
         " (select array_agg(c.id) from kb.chunks c"
         "   where (%(groups)s::text[] is null or c.groups && %(groups)s)"
         "     and (%(category)s::text is null or c.category = %(category)s)"
-        "     and (%(labels)s::text[] is null or c.labels @> %(labels)s)), null)",
-        {"q": query, "k": k, **given},
+        "     and (%(labels)s::text[] is null or c.labels @> %(labels)s)"
+        "     and (%(filter)s::jsonb is null or c.document_id = any (%(kept_documents)s))),"
+        " null, %(filter)s)",
+        {"q": query, "k": k, "kept_documents": kept_documents(conn, given["filter"]), **given},
     ).fetchall()
+
+
+def kept_documents(conn: psycopg.Connection[Any], filter_: str | None) -> list[int]:
+    """The documents whose metadata a metadata filter (JSON) keeps, by metadata_holds."""
+    if filter_ is None:
+        return []
+    rows = conn.execute("select id, metadata from kb.documents").fetchall()
+    return [doc for doc, metadata in rows if metadata_holds(metadata, json.loads(filter_))]
 
 
 def rescoring_rounds(
@@ -528,11 +587,7 @@ def expected_masks(
     """Per filter value (group, category, label) and block, a bit per chunk id of the block,
     set where the chunk holds the value."""
     masks: dict[tuple[str, str, int], list[str]] = {}
-    for cid, groups, category, labels in conn.execute(
-        "select id, groups, category, labels from kb.chunks"
-    ):
-        values = {("group", g) for g in groups} | {("label", label) for label in labels}
-        values |= {("category", category)} if category is not None else set()
+    for cid, values in chunk_filter_values(conn).items():
         for kind, value in values:
             bits = masks.setdefault((kind, value, cid // block_size), ["0"] * block_size)
             bits[cid % block_size] = "1"
@@ -665,14 +720,32 @@ def stored_value_caches(conn: psycopg.Connection[Any]) -> ValueCaches:
 def value_members(conn: psycopg.Connection[Any]) -> dict[tuple[str, str], set[int]]:
     """Each filter value's chunks."""
     members: dict[tuple[str, str], set[int]] = defaultdict(set)
-    for cid, groups, category, labels in conn.execute(
-        "select id, groups, category, labels from kb.chunks"
-    ):
-        values = {("group", g) for g in groups} | {("label", label) for label in labels}
-        values |= {("category", category)} if category is not None else set()
+    for cid, values in chunk_filter_values(conn).items():
         for value in values:
             members[value].add(cid)
     return members
+
+
+def chunk_filter_values(conn: psycopg.Connection[Any]) -> dict[int, set[tuple[str, str]]]:
+    """Each chunk's filter values as the bitmaps and value caches name them: its groups,
+    category and labels, and its document's values of the indexed metadata keys
+    ('["key", value]', a whole number without a fraction)."""
+    keys = [r[0] for r in conn.execute("select key from kb.indexed_metadata_keys")]
+    found: dict[int, set[tuple[str, str]]] = {}
+    for cid, groups, category, labels, metadata in conn.execute(
+        "select c.id, c.groups, c.category, c.labels, d.metadata"
+        " from kb.chunks c join kb.documents d on d.id = c.document_id"
+    ):
+        values = {("group", g) for g in groups} | {("label", label) for label in labels}
+        values |= {("category", category)} if category is not None else set()
+        for key in keys:
+            for item in metadata_items(metadata, key):
+                if isinstance(item, float) and item.is_integer():
+                    item = int(item)
+                if isinstance(item, str | int | float):
+                    values.add(("metadata", json.dumps([key, item], ensure_ascii=False)))
+        found[cid] = values
+    return found
 
 
 def assert_value_caches(
@@ -830,6 +903,107 @@ def test_filter_value_caches_serve_selective_filters_exactly(conn):
     assert stored_value_caches(conn) == {}
     for filters in ({"groups": ["green"]}, {"labels": ["c"]}):
         assert_matches_reference(conn, queries, **filters)
+
+
+# metadata filters over indexed keys: their equalities (a scalar, $eq, a $in of one, down
+# $and) mask the arm; the rest of the filter applies when candidates are rescored
+INDEXED_FILTERS: list[dict[str, Any]] = [
+    {"filter": '{"product": "p1"}'},
+    {"filter": '{"year": 2021}'},  # stored as 2021.0 in some documents: one value
+    {"filter": '{"tags": "howto"}'},  # an array holds it
+    {"filter": '{"author.name": {"$eq": "bob"}}'},
+    {"filter": '{"product": {"$in": ["p2"]}, "year": {"$gte": 2021}}'},
+    {"filter": '{"$and": [{"product": "p3"}, {"tags": "faq"}]}'},
+    {"filter": '{"product": "p4", "note": "x"}'},  # "note" is not indexed
+    {"filter": '{"product": "p1"}', "groups": ["green"]},
+    {"filter": '{"product": "p1"}', "labels": ["a"]},
+]
+
+
+def test_indexed_metadata_keys_mask_the_lexical_arm_exactly(conn):
+    """kb.index_metadata_key gives an indexed key's values bitmaps and value caches as a
+    group's (named '["key", value]'), built at once; a filter's equalities on indexed keys
+    then sum a value's cache or the masked blocks, and rank exactly, through metadata updates
+    (pending until the refresh rewrites their blocks' bitmaps), new documents and unindexing."""
+    documents = [
+        {
+            "groups": [["red"], ["green"], ["blue"]][i % 3],
+            "labels": [["a"], []][i % 2],
+            "metadata": {
+                "product": f"p{i % 5}",
+                "year": [2020, 2021.0, 2021, 2022][i % 4],
+                "tags": [["faq"], ["faq", "howto"], []][i % 3],
+                "author": {"name": ["ann", "bob"][i % 2]},
+                "note": "x",
+            },
+        }
+        for i in range(30)
+    ]
+    vocab = zipf_corpus(conn, "m", 1500, random.Random(9), documents=documents)
+    conn.execute("update kb.lexical_state set block_size = 100")
+    refresh_with_value_caches(conn, 50, 600)
+    queries = [vocab[0], f"{vocab[1]} {vocab[4]}", f"{vocab[0]} {vocab[40]} {vocab[200]}"]
+    before = {key: value for key, value in stored_masks(conn).items() if key[0] != "metadata"}
+    for key in ("product", "year", "tags", "author.name"):
+        assert conn.execute("select kb.index_metadata_key(%s)", (key,)).fetchone() == (True,)
+    assert conn.execute("select kb.index_metadata_key('product')").fetchone() == (False,)
+    listed = conn.execute("select key, values from kb.list_indexed_metadata_keys()").fetchall()
+    assert listed == [("author.name", 2), ("product", 5), ("tags", 2), ("year", 3)]
+    masks = stored_masks(conn)
+    assert masks == expected_masks(conn, 100)
+    assert {k: v for k, v in masks.items() if k[0] != "metadata"} == before
+    refresh_with_value_caches(conn, 50, 600)
+    assert_value_caches(conn, 50, 600)
+    assert ("metadata", '["product", "p1"]') in stored_value_caches(conn)
+    for filters in INDEXED_FILTERS:
+        assert_matches_reference(conn, queries, **filters)
+    # the masked searches sum a metadata value's cache, as a group's
+    set_exhaustive_limit(conn, 0)
+    set_mask_limit(conn, None)
+    for filter_ in ('{"product": "p1"}', '{"$and": [{"product": "p3"}, {"tags": "faq"}]}'):
+        reads = value_cache_reads(conn)
+        lexical(conn, queries[1], filter=filter_)
+        assert value_cache_reads(conn) > reads, filter_
+
+    # documents moved to another product: their chunks pending and exact at once, the
+    # bitmaps and caches follow at the refresh
+    moved = conn.execute(
+        "update kb.documents set metadata = jsonb_set(metadata, '{product}', '\"p1\"')"
+        " where metadata->>'product' = 'p2' returning id"
+    ).fetchall()
+    pending = {r[0] for r in conn.execute("select chunk_id from kb.lexical_pending")}
+    assert len(moved) == 6
+    assert pending == {
+        r[0]
+        for r in conn.execute(
+            "select id from kb.chunks where document_id = any (%s)", ([m[0] for m in moved],)
+        )
+    }
+    for filters in INDEXED_FILTERS[:3]:
+        assert_matches_reference(conn, queries, **filters)
+    add_chunk(conn, add_doc(conn, "m-new", metadata={"product": "p1"}), vocab[1])
+    refresh_with_value_caches(conn, 50, 600)
+    assert stored_masks(conn) == expected_masks(conn, 100)
+    assert_value_caches(conn, 50, 600)
+    for filters in INDEXED_FILTERS:
+        assert_matches_reference(conn, queries, **filters)
+    # unindexed: its bitmaps and caches go, its filters stay exact
+    assert conn.execute("select kb.unindex_metadata_key('product')").fetchone() == (True,)
+    assert conn.execute("select kb.unindex_metadata_key('product')").fetchone() == (False,)
+    assert not any(v.startswith('["product"') for _, v, _ in stored_masks(conn))
+    assert not any(v.startswith('["product"') for _, v in stored_value_caches(conn))
+    assert stored_masks(conn) == expected_masks(conn, 100)
+    for filters in INDEXED_FILTERS[:2]:
+        assert_matches_reference(conn, queries, **filters)
+
+
+def test_a_bad_metadata_key_is_refused(conn):
+    for key, message in (("", "empty part"), ("a..b", "empty part")):
+        with pytest.raises(psycopg.Error) as raised:
+            conn.execute("select kb.index_metadata_key(%s)", (key,))
+        assert raised.value.sqlstate == "KB004" and message in str(raised.value)
+        conn.rollback()
+    assert conn.execute("select count(*) from kb.indexed_metadata_keys").fetchone() == (0,)
 
 
 def test_filter_masks_are_built_for_a_cache_from_before_them(new_database):

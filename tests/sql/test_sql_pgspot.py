@@ -39,6 +39,8 @@ INLINED = [
     "kb._metadata_match_sql",
     "kb._metadata_filter_sql",
     "kb._metadata_holds",
+    "kb._metadata_mask_value",
+    "kb._metadata_mask_prefix",
 ]
 
 FROZEN = {
