@@ -140,6 +140,10 @@ TOOL_ARGUMENTS: dict[str, dict[str, tuple[str, bool]]] = {
         "category": ("string", False),
         "labels": ("list of strings", False),
         "filter": ("object", False),
+        "recency": ("string", False),
+        "recency_key": ("string", False),
+        "diversity": ("number", False),
+        "facets": ("list of strings", False),
     },
     "list_documents": {
         "group": ("string", False),
@@ -199,7 +203,8 @@ def argument_problem(tool: str, arguments: Any) -> str | None:
                 return f"argument {name!r} is required ({kind})"
             continue
         found = _json_type(arguments[name])
-        if found != kind:
+        # (a JSON number may be written without a fraction: 1 is a number too)
+        if found != kind and (kind, found) != ("number", "integer"):
             return f"argument {name!r} must be {_a(kind)}, not {_a(found)}"
     if has_surrogate(arguments):
         return "an argument holds a lone surrogate (not UTF-8): send valid Unicode"
@@ -251,6 +256,10 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         category: Annotated[str | None, Field(description=_described("category"))] = None,
         labels: Annotated[list[str] | None, Field(description=_described("labels"))] = None,
         filter: Annotated[dict[str, Any] | None, Field(description=_described("filter"))] = None,
+        recency: Annotated[str | None, Field(description=_described("recency"))] = None,
+        recency_key: Annotated[str | None, Field(description=_described("recency_key"))] = None,
+        diversity: Annotated[float | None, Field(description=_described("diversity"))] = None,
+        facets: Annotated[list[str] | None, Field(description=_described("facets"))] = None,
     ) -> CallToolResult:
         with _tool_errors():
             request = SearchRequest(
@@ -260,6 +269,10 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
                 category=category,
                 labels=None if labels is None else tuple(labels),
                 filter=filter,
+                recency=recency,
+                recency_key=recency_key,
+                diversity=diversity,
+                facets=None if facets is None else tuple(facets),
             )
         return tools.search(request)
 

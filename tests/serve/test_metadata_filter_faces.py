@@ -188,9 +188,34 @@ def test_http_and_mcp_take_the_same_filter(env: dict[str, str], tmp_path: Path) 
         seen["bad"] = await session.call_tool(
             "search_knowledge_base", {"query": QUESTION, "filter": {"updated": {"$in": []}}}
         )
+        seen["recent"] = await session.call_tool(
+            "search_knowledge_base",
+            {
+                "query": QUESTION,
+                "recency": "30 days",
+                "recency_key": "updated",
+                "diversity": 0,
+                "facets": ["metadata.updated"],
+                "filter": since,
+            },
+        )
+        seen["bad diversity"] = await session.call_tool(
+            "search_knowledge_base", {"query": QUESTION, "diversity": "a lot"}
+        )
 
     run_session(env, body, tmp_path / "mcp.log")
     structured = seen["ok"].structured_content
     assert names([c["source"] for c in structured["chunks"]]) == SINCE_2025
+    recent = seen["recent"].structured_content
+    # the newest page first (a 30-day half-life), the match set's dates counted
+    assert Path(recent["chunks"][0]["source"]).name == "residential-permits.md"
+    assert [(f["value"], f["documents"]) for f in recent["facets"]] == [
+        ("2025-01-20", 1),
+        ("2025-06-30", 1),
+    ]
+    assert seen["bad diversity"].is_error
+    assert "argument 'diversity' must be a number, not a string" in (
+        seen["bad diversity"].content[0].text
+    )
     assert seen["bad"].is_error
     assert "$in at filter.updated holds 0 values" in seen["bad"].content[0].text
