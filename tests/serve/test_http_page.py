@@ -3,6 +3,8 @@ driven by Selenium) against a real `kbpg serve` over the demo knowledge base (sa
 
 from __future__ import annotations
 
+import json
+
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -144,6 +146,35 @@ def test_search_page(demo_api: httpx.Client, browser: WebDriver) -> None:
     sources = browser.find_elements(By.CSS_SELECTOR, "#hits .hit .source")
     assert sources and all(s.text.startswith("libraries/") for s in sources)
     screenshot(browser, "search-page-filtered.png")
+
+    # a metadata filter (JSON, as the API takes it) in place of the category
+    category.clear()
+    metadata = browser.find_element(By.ID, "filter")
+    metadata.send_keys('{"updated": ', Keys.ENTER)
+    status = browser.find_element(By.ID, "status")
+    wait_for(browser, lambda d: "must be a JSON object" in status.text)
+    assert browser.switch_to.active_element == metadata
+    since = {"updated": {"$gte": "2025-01-01"}}
+    metadata.clear()
+    metadata.send_keys(json.dumps(since), Keys.ENTER)
+    recent = demo_api.post(
+        "/api/v1/kb/search",
+        json={"query": "how do I renew a parking permit", "filter": since},
+        headers=auth,
+    ).json()
+    recent_ids = [str(c["chunk_id"]) for c in recent["chunks"]]
+    wait_for(
+        browser,
+        lambda d: [
+            h.get_attribute("data-chunk-id") for h in d.find_elements(By.CSS_SELECTOR, "#hits .hit")
+        ]
+        == recent_ids,
+    )
+    assert recent_ids and {c["source"] for c in recent["chunks"]} <= {
+        "parking/renew-permit.md",
+        "parking/residential-permits.md",
+    }
+    metadata.clear()
 
     # the token stayed in the page's memory: nothing stored
     stored = browser.execute_script(

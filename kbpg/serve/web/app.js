@@ -11,8 +11,24 @@ function list(value) {
   return items.length ? items : undefined;
 }
 
+// The request, or null (and the reason shown) when the metadata filter is not a JSON object.
 function requestBody() {
   const body = { query: $("query").value };
+  const filter = $("filter").value.trim();
+  if (filter) {
+    let parsed = null;
+    try {
+      parsed = JSON.parse(filter);
+    } catch (error) {
+      parsed = null;
+    }
+    if (parsed === null || typeof parsed !== "object" || Array.isArray(parsed)) {
+      setStatus('The metadata filter must be a JSON object, e.g. {"year": {"$gte": 2020}}.', true);
+      $("filter").focus();
+      return null;
+    }
+    body.filter = parsed;
+  }
   const groups = list($("groups").value);
   const labels = list($("labels").value);
   const category = $("category").value.trim();
@@ -143,7 +159,8 @@ $("search").addEventListener("submit", (event) => {
     $("query").focus();
     return;
   }
-  search(requestBody());
+  const body = requestBody();
+  if (body) search(body);
 });
 
 $("token-form").addEventListener("submit", (event) => {
