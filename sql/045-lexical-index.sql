@@ -48,13 +48,17 @@ as $$
                      cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) v
                      where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2
                     union
-                    -- the indexed metadata keys' values, from the chunk's document
+                    -- the indexed metadata keys' values, read once per document of the block
                     select c.id, 'metadata', v.value
                       from kb.chunks c
-                      join kb.documents d on d.id = c.document_id
-                     cross join lateral kb._metadata_filter_values(d.metadata) v(value)
-                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2
-                       and exists (select from kb.indexed_metadata_keys)) f) x
+                      join (select d.id, v.value
+                              from kb.documents d
+                             cross join lateral kb._metadata_filter_values(d.metadata) v(value)
+                             where d.id in (select c.document_id from kb.chunks c
+                                             where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2)
+                               and exists (select from kb.indexed_metadata_keys)) v
+                        on v.id = c.document_id
+                     where c.id >= $1::bigint * $2 and c.id < ($1 + 1)::bigint * $2) f) x
      group by x.filter_kind, x.value;
 $$;
 comment on function kb._refresh_filter_masks(integer, integer) is
@@ -385,20 +389,24 @@ begin
         select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
           into touched_kinds, touched_values
           from (select distinct x.filter_kind, x.value
-                  from (select c.groups, c.category, c.labels, c.document_id from kb.chunks c
+                  from (select c.groups, c.category, c.labels from kb.chunks c
                          where c.id > state.watermark and c.id <= max_id
                         union all
-                        select c.groups, c.category, c.labels, c.document_id from kb.chunks c
+                        select c.groups, c.category, c.labels from kb.chunks c
                           join kb.lexical_pending p on p.chunk_id = c.id) c
-                 cross join lateral (select v.filter_kind, v.value
-                                       from kb._chunk_filter_values(c.groups, c.category, c.labels) v
-                                     union all
-                                     select 'metadata', v.value
-                                       from kb.documents d
-                                      cross join lateral kb._metadata_filter_values(d.metadata) v(value)
-                                      where d.id = c.document_id
-                                        and 'metadata' = any (eligible_kinds)) x
-                 where cardinality(eligible_kinds) > 0) t;
+                 cross join lateral kb._chunk_filter_values(c.groups, c.category, c.labels) x
+                 where cardinality(eligible_kinds) > 0
+                union
+                -- the indexed metadata keys' values of their documents, read once per document
+                select 'metadata', mv.value
+                  from kb.documents d
+                 cross join lateral kb._metadata_filter_values(d.metadata) mv(value)
+                 where 'metadata' = any (eligible_kinds)
+                   and d.id in (select c.document_id from kb.chunks c
+                                 where c.id > state.watermark and c.id <= max_id
+                                union
+                                select c.document_id from kb.chunks c
+                                  join kb.lexical_pending p on p.chunk_id = c.id)) t;
         for v in
             select e.filter_kind, e.value,
                    rebuilt_all or not state.filter_caches
