@@ -460,25 +460,45 @@ comment on function kb._metadata_anchors(jsonb) is
 
 create or replace function kb._metadata_masks(metadata_filter jsonb)
 returns table (mask_values text[], exact boolean)
-language sql
+language plpgsql
 stable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
--- a string body (kb.indexed_metadata_keys need not exist when sql/ is applied)
 as $$
-    -- the anchors on indexed keys: they mask the lexical arm (every chunk the filter keeps
-    -- holds them); exact when the filter says nothing else (the bitmaps then count its chunks)
-    with a as (select kb._metadata_anchors(metadata_filter) as anchors)
-    select coalesce((select pg_catalog.array_agg(distinct v order by v)
-                       from pg_catalog.unnest(a.anchors) v
-                      where (v::jsonb ->> 0) in (select k.key from kb.indexed_metadata_keys k)), '{}'),
-           metadata_filter is null or metadata_filter in ('null', '{}')
-           or (metadata_filter = (select pg_catalog.jsonb_object_agg(v::jsonb ->> 0, v::jsonb -> 1)
-                                    from pg_catalog.unnest(a.anchors) v)
-               and not exists (select from pg_catalog.unnest(a.anchors) v
-                                where (v::jsonb ->> 0) not in (select k.key from kb.indexed_metadata_keys k)))
-      from a
+declare
+    anchors text[];
+    keys text[];
+    anchor text;
+    conjunction jsonb := '{}';
+begin
+    mask_values := '{}';
+    -- no filter: nothing to mask, and the bitmaps count what the other filters keep
+    if metadata_filter is null or metadata_filter in ('null', '{}') then
+        exact := true;
+        return next;
+        return;
+    end if;
+    anchors := kb._metadata_anchors(metadata_filter);
+    exact := cardinality(anchors) > 0;
+    if exact then
+        keys := array(select k.key from kb.indexed_metadata_keys k);
+    end if;
+    -- the anchors on indexed keys mask the lexical arm (every chunk the filter keeps holds
+    -- them); exact when the filter says nothing else (the bitmaps then count its chunks)
+    foreach anchor in array anchors loop
+        if (anchor::jsonb ->> 0) = any (keys) then
+            if anchor <> all (mask_values) then
+                mask_values := mask_values || anchor;
+            end if;
+        else
+            exact := false;
+        end if;
+        conjunction := conjunction || jsonb_build_object(anchor::jsonb ->> 0, anchor::jsonb -> 1);
+    end loop;
+    exact := exact and conjunction = metadata_filter;
+    return next;
+end
 $$;
 comment on function kb._metadata_masks(jsonb) is
     'Of a metadata filter''s anchors (kb._metadata_anchors), those on indexed keys '
