@@ -229,6 +229,9 @@ set search_path = pg_catalog, pg_temp
 -- every statement below is safe with a generic plan (see the extra_ids query), and planning
 -- them afresh on each call cost 0.3 ms of the 2.2 ms a frequent-term query took
 set plan_cache_mode = force_generic_plan
+-- no parallel workers (see kb._search_vector): the filtered chunks scored one by one ran as a
+-- parallel seq scan of the documents too
+set max_parallel_workers_per_gather = 0
 as $$
 #variable_conflict use_column
 declare

@@ -60,19 +60,17 @@ begin
     select * into state from kb.lexical_state;
     -- the chunks of documents whose metadata changed: pending (scored exactly), their blocks
     -- dirty (the bitmaps rewritten at the next refresh)
-    insert into kb.lexical_pending (chunk_id)
-    select c.id
-      from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
-      join kb.chunks c on c.document_id operator(pg_catalog.=) n.id
-     where n.metadata is distinct from o.metadata
-       and c.id operator(pg_catalog.<=) state.watermark
-    on conflict do nothing;
+    with changed as (
+        select c.id
+          from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
+          join kb.chunks c on c.document_id operator(pg_catalog.=) n.id
+         where n.metadata is distinct from o.metadata
+           and c.id operator(pg_catalog.<=) state.watermark
+    ), pending as (
+        insert into kb.lexical_pending (chunk_id) select id from changed on conflict do nothing
+    )
     insert into kb.lexical_dirty_blocks (block_no)
-    select distinct (c.id operator(pg_catalog./) state.block_size)::integer
-      from new_rows n join old_rows o on o.id operator(pg_catalog.=) n.id
-      join kb.chunks c on c.document_id operator(pg_catalog.=) n.id
-     where n.metadata is distinct from o.metadata
-       and c.id operator(pg_catalog.<=) state.watermark
+    select distinct (id operator(pg_catalog./) state.block_size)::integer from changed
     on conflict do nothing;
     return null;
 end $$;
