@@ -365,6 +365,26 @@ comment on function kb._metadata_filter_sql(text, jsonb) is
     'The WHERE predicate keeping the chunks (alias chunk_alias) whose document''s metadata '
     'matches the filter; NULL without one. Internal to kb._chunk_filter_sql.';
 
+create or replace function kb._metadata_row_filter_sql(chunk_alias text, metadata_filter jsonb)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+-- no SET clause: inlined (see kb._chunk_filter_sql)
+-- the document's metadata read by its key for each row: a scalar subquery, which the planner
+-- keeps per row (an EXISTS becomes a join, which it drove from the filter's documents: 40
+-- candidates rescored read all 2,000 chunks of a 1% filter at 200k chunks, 4.6 ms against 0.3)
+return (select kb._metadata_match_sql(
+                   pg_catalog.format('(select md.metadata from kb.documents md where md.id operator(pg_catalog.=) %I.document_id)',
+                                     chunk_alias),
+                   p.compiled)
+          from kb._metadata_jsonpath(metadata_filter) as p(compiled)
+         where p.compiled is not null);
+comment on function kb._metadata_row_filter_sql(text, jsonb) is
+    'The metadata filter as a WHERE predicate tested row by row on chunks already chosen (a '
+    'lexical arm''s candidates); NULL without one. Internal to kb._bm25_rank.';
+
 create or replace function kb._metadata_holds(document_id bigint, compiled text)
 returns boolean
 language sql

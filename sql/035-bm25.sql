@@ -245,9 +245,12 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    filter_sql constant text := kb._chunk_filter_sql(
-        'c', '$1', '$2', '$3', '$11', filter_groups, filter_category, filter_labels, visible_groups,
-        filter_metadata);
+    -- (candidates: the metadata filter tested on each, kb._metadata_row_filter_sql)
+    filter_sql constant text := pg_catalog.concat_ws(' and ',
+        kb._chunk_filter_sql('c', '$1', '$2', '$3', '$11', filter_groups, filter_category,
+                             filter_labels, visible_groups,
+                             case when candidate_ids is null then filter_metadata end),
+        case when candidate_ids is not null then kb._metadata_row_filter_sql('c', filter_metadata) end);
     -- filter_first: the filters keep few chunks, so match the terms on those rows rather than
     -- AND a GIN bitmap of every chunk holding a frequent term (coalesce hides @@ from GIN)
     source_sql constant text := case

@@ -100,6 +100,7 @@ drop function if exists kb._metadata_masks(jsonb);
 drop function if exists kb._metadata_anchors(jsonb);
 drop function if exists kb._metadata_mask_value(text, jsonb);
 drop function if exists kb._metadata_mask_prefix(text);
+drop function if exists kb._metadata_row_filter_sql(text, jsonb);
 delete from kb.lexical_filter_blocks b using kb.lexical_filter_caches f
  where b.cache_id = f.cache_id and f.filter_kind = 'metadata';
 delete from kb.lexical_filter_slots s using kb.lexical_filter_caches f

@@ -40,6 +40,7 @@ EXPECTED_VOLATILITY = {
     "kb._metadata_filter_sql(text,jsonb)": "i",
     "kb._metadata_match_sql(text,text)": "i",
     "kb._metadata_holds(bigint,text)": "s",
+    "kb._metadata_row_filter_sql(text,jsonb)": "i",
     "kb._metadata_mask_value(text,jsonb)": "i",
     "kb._metadata_mask_prefix(text)": "i",
     "kb._metadata_anchors(jsonb)": "i",

@@ -41,6 +41,7 @@ INLINED = [
     "kb._metadata_holds",
     "kb._metadata_mask_value",
     "kb._metadata_mask_prefix",
+    "kb._metadata_row_filter_sql",
 ]
 
 FROZEN = {
