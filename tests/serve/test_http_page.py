@@ -4,7 +4,6 @@ driven by Selenium) against a real `kbpg serve` over the demo knowledge base (sa
 from __future__ import annotations
 
 import json
-
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -165,10 +164,13 @@ def test_search_page(demo_api: httpx.Client, browser: WebDriver) -> None:
     recent_ids = [str(c["chunk_id"]) for c in recent["chunks"]]
     wait_for(
         browser,
-        lambda d: [
-            h.get_attribute("data-chunk-id") for h in d.find_elements(By.CSS_SELECTOR, "#hits .hit")
-        ]
-        == recent_ids,
+        lambda d: (
+            [
+                h.get_attribute("data-chunk-id")
+                for h in d.find_elements(By.CSS_SELECTOR, "#hits .hit")
+            ]
+            == recent_ids
+        ),
     )
     assert recent_ids and {c["source"] for c in recent["chunks"]} <= {
         "parking/renew-permit.md",
