@@ -436,7 +436,7 @@ comment on function kb._metadata_mask_prefix(text) is
     'them from other filter values without reading any as JSON. Internal.';
 
 create or replace function kb._metadata_anchors(metadata_filter jsonb)
-returns text[]
+returns jsonb
 language plpgsql
 immutable
 parallel safe
@@ -445,8 +445,8 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     entry record;
-    found text[] := '{}';
-    eq jsonb;
+    found jsonb := '[]';
+    alternatives jsonb;
 begin
     -- a filter is ANDed across its keys and down $and lists; $or and $not imply no equality
     if pg_catalog.jsonb_typeof(metadata_filter) is distinct from 'object' then
@@ -454,32 +454,38 @@ begin
     end if;
     for entry in select e.key, e.value from pg_catalog.jsonb_each(metadata_filter) e loop
         if entry.key = '$and' and pg_catalog.jsonb_typeof(entry.value) = 'array' then
-            found := found || (select coalesce(pg_catalog.array_agg(a), '{}')
+            found := found || (select coalesce(pg_catalog.jsonb_agg(a), '[]')
                                  from pg_catalog.jsonb_array_elements(entry.value) f,
-                                      pg_catalog.unnest(kb._metadata_anchors(f)) a);
+                                      pg_catalog.jsonb_array_elements(kb._metadata_anchors(f)) a);
             continue;
         end if;
         continue when pg_catalog.starts_with(entry.key, '$');
-        eq := case
-            when pg_catalog.jsonb_typeof(entry.value) <> 'object' then entry.value
-            when entry.value ? '$eq' then entry.value -> '$eq'
-            when pg_catalog.jsonb_typeof(entry.value -> '$in') = 'array'
-                 and pg_catalog.jsonb_array_length(entry.value -> '$in') = 1
-                then entry.value -> '$in' -> 0 end;
-        if pg_catalog.jsonb_typeof(eq) in ('string', 'number', 'boolean') then
-            found := found || kb._metadata_mask_value(entry.key, eq);
+        alternatives := case
+            when pg_catalog.jsonb_typeof(entry.value) <> 'object' then pg_catalog.jsonb_build_array(entry.value)
+            when entry.value ? '$eq' then pg_catalog.jsonb_build_array(entry.value -> '$eq')
+            when pg_catalog.jsonb_typeof(entry.value -> '$in') = 'array' then entry.value -> '$in' end;
+        -- only strings, numbers and booleans have bitmaps: an alternative of another type (a
+        -- null matching documents without the key) would drop documents the filter keeps
+        if pg_catalog.jsonb_array_length(alternatives) > 0
+           and not exists (select from pg_catalog.jsonb_array_elements(alternatives) v
+                            where pg_catalog.jsonb_typeof(v) not in ('string', 'number', 'boolean')) then
+            found := found || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                'key', entry.key,
+                'values', (select pg_catalog.jsonb_agg(distinct kb._metadata_mask_value(entry.key, v))
+                             from pg_catalog.jsonb_array_elements(alternatives) v)));
         end if;
     end loop;
     return found;
 end
 $$;
 comment on function kb._metadata_anchors(jsonb) is
-    'The equalities (key, scalar) every document a metadata filter keeps must hold: a key''s '
-    'scalar value, $eq, a $in of one value, at the top or down $and lists; as '
-    'kb._metadata_mask_value names them. Internal to the metadata filter.';
+    'What every document a metadata filter keeps must hold, as a JSON list of {"key", "values"}: '
+    'one of the values of the key (a scalar, $eq, or $in of strings, numbers and booleans), at '
+    'the top or down $and lists; values named as kb._metadata_mask_value names them. Internal '
+    'to the metadata filter.';
 
 create or replace function kb._metadata_masks(metadata_filter jsonb)
-returns table (mask_values text[], exact boolean)
+returns table (mask_values text[], mask_sets integer[], exact boolean)
 language plpgsql
 stable
 parallel safe
@@ -487,12 +493,14 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    anchors text[];
+    anchors jsonb;
     keys text[];
-    anchor text;
+    anchor record;
     conjunction jsonb := '{}';
+    value text;
 begin
     mask_values := '{}';
+    mask_sets := '{}';
     -- no filter: nothing to mask, and the bitmaps count what the other filters keep
     if metadata_filter is null or metadata_filter in ('null', '{}') then
         exact := true;
@@ -500,30 +508,62 @@ begin
         return;
     end if;
     anchors := kb._metadata_anchors(metadata_filter);
-    exact := cardinality(anchors) > 0;
+    exact := pg_catalog.jsonb_array_length(anchors) > 0;
     if exact then
         keys := array(select k.key from kb.indexed_metadata_keys k);
     end if;
-    -- the anchors on indexed keys mask the lexical arm (every chunk the filter keeps holds
-    -- them); exact when the filter says nothing else (the bitmaps then count its chunks)
-    foreach anchor in array anchors loop
-        if (anchor::jsonb ->> 0) = any (keys) then
-            if anchor <> all (mask_values) then
-                mask_values := mask_values || anchor;
-            end if;
+    -- the anchors on indexed keys mask the lexical arm (every chunk the filter keeps holds one
+    -- of each anchor's values: set n's values ORed, the sets ANDed); exact when the filter says
+    -- nothing else (the bitmaps then count its chunks)
+    for anchor in select a.value as a, a.ordinality::integer as n
+                    from pg_catalog.jsonb_array_elements(anchors) with ordinality a loop
+        if (anchor.a ->> 'key') = any (keys) then
+            for value in select v from pg_catalog.jsonb_array_elements_text(anchor.a -> 'values') v loop
+                mask_values := mask_values || value;
+                mask_sets := mask_sets || anchor.n;
+            end loop;
         else
             exact := false;
         end if;
-        conjunction := conjunction || jsonb_build_object(anchor::jsonb ->> 0, anchor::jsonb -> 1);
+        conjunction := conjunction || pg_catalog.jsonb_build_object(
+            anchor.a ->> 'key',
+            case when pg_catalog.jsonb_array_length(anchor.a -> 'values') = 1
+                 then (anchor.a -> 'values' ->> 0)::jsonb -> 1
+                 else pg_catalog.jsonb_build_object('$in', (select pg_catalog.jsonb_agg(v::jsonb -> 1)
+                                                              from pg_catalog.jsonb_array_elements_text(anchor.a -> 'values') v))
+            end);
     end loop;
-    exact := exact and conjunction = metadata_filter;
+    -- (a $in compares as a set: the same values in another order are the same filter)
+    exact := exact and kb._metadata_same_filter(conjunction, metadata_filter);
     return next;
 end
 $$;
 comment on function kb._metadata_masks(jsonb) is
-    'Of a metadata filter''s anchors (kb._metadata_anchors), those on indexed keys '
-    '(kb.indexed_metadata_keys: their bitmaps exist), and whether the filter is exactly their '
-    'conjunction (the bitmaps then count the chunks it keeps). Internal to the search arms.';
+    'Of a metadata filter''s anchors (kb._metadata_anchors), the values on indexed keys '
+    '(kb.indexed_metadata_keys: their bitmaps exist) with the number of their anchor (a set''s '
+    'values ORed, the sets ANDed), and whether the filter is exactly the anchors'' conjunction '
+    '(the bitmaps then count the chunks it keeps). Internal to the search arms.';
+
+create or replace function kb._metadata_same_filter(a jsonb, b jsonb)
+returns boolean
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- key by key: equal values, or two $in lists holding the same values
+return (select pg_catalog.count(*) = (select pg_catalog.count(*) from pg_catalog.jsonb_object_keys(b))
+               and pg_catalog.bool_and(
+                   x.value = b -> x.key
+                   or (pg_catalog.jsonb_typeof(x.value -> '$in') = 'array'
+                       and pg_catalog.jsonb_typeof(b -> x.key -> '$in') = 'array'
+                       and (select pg_catalog.count(*) from pg_catalog.jsonb_object_keys(b -> x.key)) = 1
+                       and (x.value -> '$in') @> (b -> x.key -> '$in')
+                       and (b -> x.key -> '$in') @> (x.value -> '$in')))
+          from pg_catalog.jsonb_each(a) x);
+comment on function kb._metadata_same_filter(jsonb, jsonb) is
+    'Whether two metadata filters of keys with equalities or $in lists say the same. Internal '
+    'to kb._metadata_masks.';
 
 create or replace function kb._metadata_filter_values(metadata jsonb)
 returns setof text

@@ -84,7 +84,8 @@ create or replace function kb._filter_masks(
     filter_groups text[],
     filter_category text,
     filter_labels text[],
-    metadata_values text[] default null
+    metadata_values text[] default null,
+    metadata_sets integer[] default null
 )
 returns table (block_no integer, kept varbit)
 language sql
@@ -105,24 +106,32 @@ as $$
               from kb.lexical_filter_masks m
              where (m.filter_kind = 'category' and m.value = filter_category)
                 or (m.filter_kind = 'label' and m.value = any (filter_labels))
-                or (m.filter_kind = 'metadata' and m.value = any (metadata_values))) p
+            union all
+            -- each metadata anchor: its values' bits ORed (kb._metadata_masks)
+            select m.block_no, pg_catalog.bit_or(m.kept)
+              from kb.lexical_filter_masks m
+              join unnest(metadata_values, metadata_sets) as a(value, set_no)
+                on m.filter_kind = 'metadata' and m.value = a.value
+             group by m.block_no, a.set_no) p
      group by p.block_no
     having pg_catalog.count(*) = (coalesce(cardinality(filter_groups), 0) > 0)::integer
                                  + (filter_category is not null)::integer
                                  + (select pg_catalog.count(distinct l) from pg_catalog.unnest(filter_labels) l)
-                                 + (select pg_catalog.count(distinct v) from pg_catalog.unnest(metadata_values) v)
+                                 + (select pg_catalog.count(distinct n) from pg_catalog.unnest(metadata_sets) n)
 $$;
-comment on function kb._filter_masks(text[], text, text[], text[]) is
+comment on function kb._filter_masks(text[], text, text[], text[], integer[]) is
     'Per block of the impact cache holding chunks the filters keep, their bits (from '
     'kb.lexical_filter_masks: the groups'' ORed, ANDed with the category''s, each label''s and '
-    'each of metadata_values'', kb._metadata_masks). '
+    'each metadata anchor''s, its metadata_values of one metadata_sets number ORed, '
+    'kb._metadata_masks). '
     'Only where kb._filter_masks_serve says so; internal to the search arms.';
 
 create or replace function kb._filter_cache_anchor(
     filter_groups text[],
     filter_category text,
     filter_labels text[],
-    metadata_values text[] default null
+    metadata_values text[] default null,
+    metadata_sets integer[] default null
 )
 returns table (cache_id integer, chunk_count bigint, block_size integer)
 language sql
@@ -139,13 +148,17 @@ as $$
             and (select pg_catalog.count(distinct g) from pg_catalog.unnest(filter_groups) g) = 1)
         or (f.filter_kind = 'category' and f.value = filter_category)
         or (f.filter_kind = 'label' and f.value = any (filter_labels))
-        or (f.filter_kind = 'metadata' and f.value = any (metadata_values))
+        -- a metadata anchor of one value
+        or (f.filter_kind = 'metadata'
+            and f.value in (select a.value from unnest(metadata_values, metadata_sets) as a(value, set_no)
+                             where (select pg_catalog.count(*) from pg_catalog.unnest(metadata_sets) n
+                                     where n = a.set_no) = 1))
      order by f.chunk_count, f.cache_id
      limit 1
 $$;
-comment on function kb._filter_cache_anchor(text[], text, text[], text[]) is
+comment on function kb._filter_cache_anchor(text[], text, text[], text[], integer[]) is
     'Of the filter values every chunk the filters keep must hold (the only group, the '
-    'category, each label, each of metadata_values), the one whose own impact cache (kb.lexical_filter_caches) covers '
+    'category, each label, each metadata anchor of one value), the one whose own impact cache (kb.lexical_filter_caches) covers '
     'fewest chunks, their count and its block size; no row if none has one. Internal to the '
     'lexical arm.';
 
@@ -193,7 +206,7 @@ begin
         if not exists (select 1 from kb.chunks c where c.id > state.watermark) then
             return (select coalesce(pg_catalog.sum(pg_catalog.bit_count(m.kept)), 0)
                       from kb._filter_masks(filter_groups, filter_category, filter_labels,
-                                            metadata_masks.mask_values) m);
+                                            metadata_masks.mask_values, metadata_masks.mask_sets) m);
         end if;
     end if;
     if kb._distributed() then

@@ -265,6 +265,7 @@ declare
     -- the metadata filter's equalities on indexed keys: bitmaps and value caches of their own
     -- (sql/018), which mask the arm as a group's do
     metadata_values text[];
+    metadata_sets integer[];
     -- summing a filter value's own cache (kb._filter_cache_anchor) instead of the masked blocks
     compact boolean := false;
     anchor_cache integer;
@@ -388,7 +389,8 @@ begin
         -- any filter whose rows cost more to score one by one than its blocks to sum, the same
         -- crossover as for the terms' postings (at 200k chunks a 1% group, 2,000 rows, scored
         -- directly before: kb.search took 0.57-0.62 of the time through the cache, paired)
-        select m.mask_values into metadata_values from kb._metadata_masks(_search_lexical.metadata_filter) m;
+        select m.mask_values, m.mask_sets into metadata_values, metadata_sets
+          from kb._metadata_masks(_search_lexical.metadata_filter) m;
         stored_masks := kb._filter_masks_serve(_search_lexical.groups, _search_lexical.category,
                                                _search_lexical.labels, metadata_values);
         filtered_limit := coalesce(
@@ -412,7 +414,7 @@ begin
                    pg_catalog.array_agg(m.kept order by m.block_no)
               into filtered_rows, mask_nos, mask_bits
               from kb._filter_masks(_search_lexical.groups, _search_lexical.category,
-                                    _search_lexical.labels, metadata_values) m;
+                                    _search_lexical.labels, metadata_values, metadata_sets) m;
             masked := filtered_rows < mask_limit and filtered_rows >= filtered_limit;
             -- a value of the filter with a cache of its own (sql/045): its blocks are summed
             -- instead of every block masked (5 of 2,000 slots instead of 63 of 16,000 ids for
@@ -423,7 +425,7 @@ begin
                 select a.cache_id, a.chunk_count, a.block_size
                   into anchor_cache, anchor_chunks, anchor_block_size
                   from kb._filter_cache_anchor(_search_lexical.groups, _search_lexical.category,
-                                               _search_lexical.labels, metadata_values) a;
+                                               _search_lexical.labels, metadata_values, metadata_sets) a;
                 compact := anchor_cache is not null and anchor_chunks <= 8 * filtered_rows;
                 masked := not compact;
             end if;

@@ -15,7 +15,7 @@ as before. A document's metadata lives on kb.documents, so updating it makes its
 and their blocks dirty (a statement trigger; nothing when no key is indexed): the bitmaps are
 rewritten by the next kb.refresh_lexical_index, and pending chunks are scored exactly until then.
 Internal signatures change (kb._filter_masks_serve, kb._filter_masks, kb._filter_cache_anchor
-gain the metadata values): the old ones are dropped here.
+gain a metadata filter's anchors on indexed keys): the old ones are dropped here.
 """
 
 from __future__ import annotations
@@ -91,12 +91,13 @@ drop function if exists kb.index_metadata_key(text);
 drop function if exists kb.unindex_metadata_key(text);
 drop function if exists kb.list_indexed_metadata_keys();
 drop function if exists kb._filter_masks_serve(text[], text, text[], text[]);
-drop function if exists kb._filter_masks(text[], text, text[], text[]);
-drop function if exists kb._filter_cache_anchor(text[], text, text[], text[]);
+drop function if exists kb._filter_masks(text[], text, text[], text[], integer[]);
+drop function if exists kb._filter_cache_anchor(text[], text, text[], text[], integer[]);
 drop function if exists kb._filtered_rows_estimate(text[], text, text[], text[], text, jsonb);
 drop function if exists kb._refresh_filter_masks(integer, integer);
 drop function if exists kb._metadata_filter_values(jsonb);
 drop function if exists kb._metadata_masks(jsonb);
+drop function if exists kb._metadata_same_filter(jsonb, jsonb);
 drop function if exists kb._metadata_anchors(jsonb);
 drop function if exists kb._metadata_mask_value(text, jsonb);
 drop function if exists kb._metadata_mask_prefix(text);

@@ -915,6 +915,9 @@ INDEXED_FILTERS: list[dict[str, Any]] = [
     {"filter": '{"product": {"$in": ["p2"]}, "year": {"$gte": 2021}}'},
     {"filter": '{"$and": [{"product": "p3"}, {"tags": "faq"}]}'},
     {"filter": '{"product": "p4", "note": "x"}'},  # "note" is not indexed
+    {"filter": '{"product": {"$in": ["p1", "p3"]}}'},  # a set of values: their bitmaps ORed
+    {"filter": '{"product": {"$in": ["p0", "p2"]}, "year": {"$in": [2020, 2022.0]}}'},
+    {"filter": '{"product": {"$in": ["p1", null]}}'},  # a null alternative: no anchor
     {"filter": '{"product": "p1"}', "groups": ["green"]},
     {"filter": '{"product": "p1"}', "labels": ["a"]},
 ]
@@ -960,10 +963,27 @@ def test_indexed_metadata_keys_mask_the_lexical_arm_exactly(conn):
     # the masked searches sum a metadata value's cache, as a group's
     set_exhaustive_limit(conn, 0)
     set_mask_limit(conn, None)
-    for filter_ in ('{"product": "p1"}', '{"$and": [{"product": "p3"}, {"tags": "faq"}]}'):
+    for filter_, summed in (
+        ('{"product": "p1"}', True),
+        ('{"$and": [{"product": "p3"}, {"tags": "faq"}]}', True),
+        ('{"product": {"$in": ["p1", "p3"]}}', False),  # masked blocks: no one value's cache
+    ):
         reads = value_cache_reads(conn)
         lexical(conn, queries[1], filter=filter_)
-        assert value_cache_reads(conn) > reads, filter_
+        assert (value_cache_reads(conn) > reads) == summed, filter_
+    masks = conn.execute(
+        "select mask_values, mask_sets, exact from kb._metadata_masks(%s)",
+        ('{"product": {"$in": ["p3", "p1"]}, "year": 2021.0, "note": {"$in": ["x"]}}',),
+    ).fetchone()
+    # anchors in jsonb's key order (note, year, product), "note" not indexed: not exact
+    assert masks == (['["year", 2021]', '["product", "p1"]', '["product", "p3"]'], [2, 3, 3], False)
+    exact = "select exact from kb._metadata_masks(%s)"
+    assert conn.execute(
+        exact, ('{"product": {"$in": ["p3", "p1"]}, "year": 2021.0}',)
+    ).fetchone() == (True,)
+    assert conn.execute(
+        exact, ('{"product": {"$in": ["p3", "p1"]}, "year": 2021, "x": 1}',)
+    ).fetchone() == (False,)
 
     # documents moved to another product: their chunks pending and exact at once, the
     # bitmaps and caches follow at the refresh
