@@ -466,7 +466,14 @@ begin
             when pg_catalog.jsonb_typeof(entry.value -> '$in') = 'array' then entry.value -> '$in' end;
         -- only strings, numbers and booleans have bitmaps: an alternative of another type (a
         -- null matching documents without the key) would drop documents the filter keeps
-        if pg_catalog.jsonb_array_length(alternatives) > 0
+        if pg_catalog.jsonb_array_length(alternatives) = 1 then
+            -- (one value, the common case, without a query)
+            if pg_catalog.jsonb_typeof(alternatives -> 0) in ('string', 'number', 'boolean') then
+                found := found || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
+                    'key', entry.key,
+                    'values', pg_catalog.jsonb_build_array(kb._metadata_mask_value(entry.key, alternatives -> 0))));
+            end if;
+        elsif pg_catalog.jsonb_array_length(alternatives) > 1
            and not exists (select from pg_catalog.jsonb_array_elements(alternatives) v
                             where pg_catalog.jsonb_typeof(v) not in ('string', 'number', 'boolean')) then
             found := found || pg_catalog.jsonb_build_array(pg_catalog.jsonb_build_object(
@@ -495,9 +502,10 @@ as $$
 declare
     anchors jsonb;
     keys text[];
-    anchor record;
+    anchor jsonb;
+    sets integer;
+    several boolean := false;
     conjunction jsonb := '{}';
-    value text;
 begin
     mask_values := '{}';
     mask_sets := '{}';
@@ -515,26 +523,29 @@ begin
     -- the anchors on indexed keys mask the lexical arm (every chunk the filter keeps holds one
     -- of each anchor's values: set n's values ORed, the sets ANDed); exact when the filter says
     -- nothing else (the bitmaps then count its chunks)
-    for anchor in select a.value as a, a.ordinality::integer as n
-                    from pg_catalog.jsonb_array_elements(anchors) with ordinality a loop
-        if (anchor.a ->> 'key') = any (keys) then
-            for value in select v from pg_catalog.jsonb_array_elements_text(anchor.a -> 'values') v loop
-                mask_values := mask_values || value;
-                mask_sets := mask_sets || anchor.n;
+    for n in 0 .. pg_catalog.jsonb_array_length(anchors) - 1 loop
+        anchor := anchors -> n;
+        sets := pg_catalog.jsonb_array_length(anchor -> 'values');
+        if (anchor ->> 'key') = any (keys) then
+            for i in 0 .. sets - 1 loop
+                mask_values := mask_values || (anchor -> 'values' ->> i);
+                mask_sets := mask_sets || (n + 1);
             end loop;
         else
             exact := false;
         end if;
+        several := several or sets > 1;
         conjunction := conjunction || pg_catalog.jsonb_build_object(
-            anchor.a ->> 'key',
-            case when pg_catalog.jsonb_array_length(anchor.a -> 'values') = 1
-                 then (anchor.a -> 'values' ->> 0)::jsonb -> 1
+            anchor ->> 'key',
+            case when sets = 1
+                 then (anchor -> 'values' ->> 0)::jsonb -> 1
                  else pg_catalog.jsonb_build_object('$in', (select pg_catalog.jsonb_agg(v::jsonb -> 1)
-                                                              from pg_catalog.jsonb_array_elements_text(anchor.a -> 'values') v))
+                                                              from pg_catalog.jsonb_array_elements_text(anchor -> 'values') v))
             end);
     end loop;
     -- (a $in compares as a set: the same values in another order are the same filter)
-    exact := exact and kb._metadata_same_filter(conjunction, metadata_filter);
+    exact := exact and case when several then kb._metadata_same_filter(conjunction, metadata_filter)
+                            else conjunction = metadata_filter end;
     return next;
 end
 $$;
