@@ -23,6 +23,13 @@ PARKING_FACETS = {"2023-11-02", "2024-03-15", "2025-01-20", "2025-06-30", "2024-
 # accessible 2023-11-02, fines 2024-03-15, renew 2025-01-20, residential 2025-06-30, visitor
 # 2024-09-01)
 EXPECTED: dict[str, set[str] | None] = {
+    # an indexed key (the bitmaps) answers as before; "list" names no page
+    "kbpg metadata-keys index updated": set(),
+    """kbpg search "parking permit" --filter '{"updated": {"$in": ["2025-01-20", "2024-09-01"]}}'""": {
+        "renew-permit.md",
+        "visitor-permits.md",
+    },
+    "kbpg metadata-keys list": set(),
     """SELECT s.rank, s.source, h.snippet, h.highlights
   FROM kb.search('parking permit', filter => '{"updated": {"$gte": "2025-01-01"}}') s,
        kb.highlight(s.content, 'parking permit', 120) h;""": {
