@@ -175,9 +175,14 @@ def test_each_arm_alone_respects_visibility(enforced: AccessKb) -> None:
         assert walked == [i["F1"], i["H1"], i["H2"], i["B1"]]  # 0.9, 0.81, 0.648, 0.6
 
 
-def test_a_metadata_filter_never_matches_a_hidden_document(enforced: AccessKb) -> None:
+@pytest.mark.parametrize("indexed", [False, True], ids=["key", "indexed key"])
+def test_a_metadata_filter_never_matches_a_hidden_document(
+    enforced: AccessKb, indexed: bool
+) -> None:
     """A reader's metadata filter selects among the chunks it may read: the finance document's
-    metadata matches the filter, and alice (hr) still finds nothing of it, in any arm."""
+    metadata matches the filter, and alice (hr) still finds nothing of it, in any arm; the same
+    with the key indexed (its bitmaps hold every reader's chunks) and the lexical arm forced
+    through its cache."""
     akb = enforced
     i = akb.ids
     with akb.connect("owner") as conn:
@@ -185,6 +190,13 @@ def test_a_metadata_filter_never_matches_a_hidden_document(enforced: AccessKb) -
             "update kb.documents set metadata = %s where id in (%s, %s)",
             ('{"quarter": "q3"}', i["fin"], i["hr"]),
         )
+        if indexed:
+            assert conn.execute("select kb.index_metadata_key('quarter')").fetchone() == (True,)
+            held = conn.execute(
+                "select value, sum(bit_count(kept)) from kb.lexical_filter_masks"
+                " where filter_kind = 'metadata' group by value"
+            ).fetchall()
+            assert held == [('["quarter", "q3"]', 4)]  # F1, F2, H1, H2: every reader's
     only_q3 = json.dumps({"quarter": "q3"})
     calls = [
         "select chunk_id from kb.search('parking permit salary budget', %(e)s::vector,"
@@ -201,6 +213,8 @@ def test_a_metadata_filter_never_matches_a_hidden_document(enforced: AccessKb) -
     seen = {}
     for who in ("alice", "bob", "dave", "walt"):
         with akb.connect(who) as conn:
+            if indexed:
+                conn.execute("set kb.lexical_exhaustive_limit = 0")
             found: set[int] = set()
             for sql in calls:
                 found |= set(
