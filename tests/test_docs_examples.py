@@ -30,6 +30,8 @@ EXPECTED: dict[str, set[str] | None] = {
         "visitor-permits.md",
     },
     "kbpg metadata-keys list": set(),
+    # (the row of "updated", indexed above: five values; checked below)
+    """SELECT key, "values", cached_values FROM kb.list_indexed_metadata_keys();""": None,
     """SELECT s.rank, s.source, h.snippet, h.highlights
   FROM kb.search('parking permit', filter => '{"updated": {"$gte": "2025-01-01"}}') s,
        kb.highlight(s.content, 'parking permit', 120) h;""": {
@@ -100,7 +102,9 @@ def test_the_marked_examples_print_what_the_docs_say(env: dict[str, str]) -> Non
             assert done.returncode == 0, f"{page}: {example}: {done.stderr}"
             named = {name for name in PARKING if f"parking/{name}" in done.stdout}
             expected = EXPECTED[example]
-            if expected is None:  # --recency: the first row is the newest page
+            if expected is None and kind == "sql":  # the indexed key, as indexed above
+                assert re.search(r"updated\s*\|\s*5\s*\|\s*0", done.stdout), done.stdout
+            elif expected is None:  # --recency: the first row is the newest page
                 first = done.stdout.splitlines()[1]
                 assert "parking/residential-permits.md" in first, done.stdout
             elif expected is PARKING_FACETS:  # kb.facets: the values, not the files
