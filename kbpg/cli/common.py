@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
 import os
 import sys
+import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
@@ -54,6 +56,28 @@ class StatusLine:
         if self.tty and self.written:
             click.echo("\r\x1b[K", nl=False, err=True)
             self.written = False
+
+
+@contextlib.contextmanager
+def elapsed_status(label: str) -> Iterator[None]:
+    """While the block runs (one long SQL call that reports nothing itself), `label` and the
+    seconds so far on stderr, as StatusLine shows progress."""
+    status = StatusLine()
+    stop = threading.Event()
+    started = time.monotonic()
+
+    def tick() -> None:
+        while not stop.wait(1.0):
+            status.show(f"{label}: {time.monotonic() - started:.0f} s")
+
+    ticker = threading.Thread(target=tick, name="kbpg-elapsed", daemon=True)
+    ticker.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        ticker.join()
+        status.clear()
 
 
 class AppContext:

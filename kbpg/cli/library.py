@@ -11,6 +11,7 @@ import click
 from kbpg.cli.common import (
     AppContext,
     StatusLine,
+    elapsed_status,
     embedder_option,
     handle_errors,
     json_option,
@@ -420,13 +421,15 @@ def metadata_keys_index(app: AppContext, keys: tuple[str, ...]) -> None:
 
     For keys with a few to a few thousand values (a product, a tenant, a year): each value
     costs a bitmap per block of 16,000 chunks it occurs in. Filters on other keys work as
-    they are, scored from the filtered chunks.
+    they are, scored from the filtered chunks. The build reads every chunk's document once
+    (about 5 minutes for 100 values at 1M chunks); the seconds so far go to stderr.
     """
     from kbpg.store.metadata_keys import index_key
 
     with app.knowledge_base() as kb:
         for key in keys:
-            added = index_key(kb.db, key)
+            with elapsed_status(f"indexing {printable(key)}: every block's bitmaps, then caches"):
+                added = index_key(kb.db, key)
             click.echo(
                 f"indexed {printable(key)}" if added else f"{printable(key)} was indexed already"
             )
