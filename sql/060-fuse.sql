@@ -1,13 +1,17 @@
 -- kbpg: fusion — weighted Reciprocal Rank Fusion and the per-document cap.
 
-create or replace function kb.fuse_rrf(
+create or replace function kb._fuse(
+    fusion text,
     vector_ids bigint[],
+    vector_scores double precision[],
     lexical_ids bigint[],
-    graph_ids bigint[] default '{}',
-    rrf_k integer default 60,
-    vector_weight double precision default 1,
-    lexical_weight double precision default 1,
-    graph_weight double precision default 1
+    lexical_scores double precision[],
+    graph_ids bigint[],
+    graph_scores double precision[],
+    rrf_k integer,
+    vector_weight double precision,
+    lexical_weight double precision,
+    graph_weight double precision
 )
 returns table (
     rank integer,
@@ -29,33 +33,81 @@ set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
 begin
+    return query
+    with hits as (
+        select u.id, 'v' as arm, u.ord, u.s, _fuse.vector_weight as w
+          from unnest(_fuse.vector_ids, _fuse.vector_scores) with ordinality u(id, s, ord)
+        union all
+        select u.id, 'l', u.ord, u.s, _fuse.lexical_weight
+          from unnest(_fuse.lexical_ids, _fuse.lexical_scores) with ordinality u(id, s, ord)
+        union all
+        select u.id, 'g', u.ord, u.s, _fuse.graph_weight
+          from unnest(_fuse.graph_ids, _fuse.graph_scores) with ordinality u(id, s, ord)
+    ), parts as (
+        -- what one listing adds: rrf, weight / (rrf_k + rank), ranks from 1 in each list;
+        -- convex, weight x the score min-max normalised over its arm's list (best 1, worst 0;
+        -- a list of one, or of equal scores: 1)
+        select h.id, h.arm, h.ord,
+               case when _fuse.fusion = 'rrf' then h.w / (_fuse.rrf_k + h.ord)
+                    else h.w * coalesce((h.s - pg_catalog.min(h.s) over a)
+                                        / nullif(pg_catalog.max(h.s) over a - pg_catalog.min(h.s) over a, 0), 1)
+               end as part
+          from hits h where h.id is not null
+        window a as (partition by h.arm)
+    ), per_chunk as (
+        -- a chunk listed twice by one arm counts its best listing once
+        select p.id,
+               (min(p.ord) filter (where p.arm = 'v'))::integer as vr,
+               (min(p.ord) filter (where p.arm = 'l'))::integer as lr,
+               (min(p.ord) filter (where p.arm = 'g'))::integer as gr,
+               coalesce(max(p.part) filter (where p.arm = 'v'), 0)
+             + coalesce(max(p.part) filter (where p.arm = 'l'), 0)
+             + coalesce(max(p.part) filter (where p.arm = 'g'), 0) as fused
+          from parts p group by p.id
+    )
+    select (pg_catalog.row_number() over w)::integer, c.id, c.fused, c.vr, c.lr, c.gr
+      from per_chunk c
+    window w as (order by c.fused desc, c.vr nulls last, c.lr nulls last, c.gr nulls last, c.id)
+     order by c.fused desc, c.vr nulls last, c.lr nulls last, c.gr nulls last, c.id;
+end
+$$;
+comment on function kb._fuse(text, bigint[], double precision[], bigint[], double precision[], bigint[], double precision[], integer, double precision, double precision, double precision) is
+    'The fusion of kb.fuse_rrf (fusion ''rrf'', scores unused) and kb.fuse_convex (''convex''), '
+    'parameters already checked; ties go to the better vector rank, then lexical, then graph '
+    'rank, then chunk id. Internal: kb.search calls it with its fusion.';
+
+create or replace function kb.fuse_rrf(
+    vector_ids bigint[],
+    lexical_ids bigint[],
+    graph_ids bigint[] default '{}',
+    rrf_k integer default 60,
+    vector_weight double precision default 1,
+    lexical_weight double precision default 1,
+    graph_weight double precision default 1
+)
+returns table (
+    rank integer,
+    chunk_id bigint,
+    score double precision,
+    vector_rank integer,
+    lexical_rank integer,
+    graph_rank integer
+)
+language plpgsql
+immutable
+parallel safe
+security invoker
+rows 100  -- the fused list (see kb._fuse)
+set search_path = pg_catalog, pg_temp
+as $$
+#variable_conflict use_column
+begin
     perform kb._check_fusion_parameters(fuse_rrf.rrf_k, fuse_rrf.vector_weight,
                                        fuse_rrf.lexical_weight, fuse_rrf.graph_weight);
     return query
-    with hits as (
-        select u.id, 'v' as arm, u.ord from pg_catalog.unnest(fuse_rrf.vector_ids) with ordinality u(id, ord)
-        union all
-        select u.id, 'l', u.ord from pg_catalog.unnest(fuse_rrf.lexical_ids) with ordinality u(id, ord)
-        union all
-        select u.id, 'g', u.ord from pg_catalog.unnest(fuse_rrf.graph_ids) with ordinality u(id, ord)
-    ), per_chunk as (
-        -- ranks count from 1 in each list; a chunk listed twice by one arm keeps its best rank
-        select h.id,
-               (min(h.ord) filter (where h.arm = 'v'))::integer as vr,
-               (min(h.ord) filter (where h.arm = 'l'))::integer as lr,
-               (min(h.ord) filter (where h.arm = 'g'))::integer as gr
-          from hits h where h.id is not null group by h.id
-    ), scored as (
-        select p.*,
-               coalesce(fuse_rrf.vector_weight / (fuse_rrf.rrf_k + p.vr), 0)
-             + coalesce(fuse_rrf.lexical_weight / (fuse_rrf.rrf_k + p.lr), 0)
-             + coalesce(fuse_rrf.graph_weight / (fuse_rrf.rrf_k + p.gr), 0) as fused
-          from per_chunk p
-    )
-    select (pg_catalog.row_number() over w)::integer, s.id, s.fused, s.vr, s.lr, s.gr
-      from scored s
-    window w as (order by s.fused desc, s.vr nulls last, s.lr nulls last, s.gr nulls last, s.id)
-     order by s.fused desc, s.vr nulls last, s.lr nulls last, s.gr nulls last, s.id;
+    select * from kb._fuse('rrf', fuse_rrf.vector_ids, '{}', fuse_rrf.lexical_ids, '{}',
+                           fuse_rrf.graph_ids, '{}', fuse_rrf.rrf_k, fuse_rrf.vector_weight,
+                           fuse_rrf.lexical_weight, fuse_rrf.graph_weight);
 end
 $$;
 comment on function kb.fuse_rrf(bigint[], bigint[], bigint[], integer, double precision, double precision, double precision) is
@@ -86,7 +138,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-rows 100  -- the fused list (see kb.fuse_rrf)
+rows 100  -- the fused list (see kb._fuse)
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column
@@ -100,34 +152,11 @@ begin
             using errcode = '22023', hint = 'pass the ids and their scores in the same order';
     end if;
     return query
-    with hits as (
-        select u.id, 'v' as arm, u.ord, u.s from unnest(fuse_convex.vector_ids, fuse_convex.vector_scores) with ordinality u(id, s, ord)
-        union all
-        select u.id, 'l', u.ord, u.s from unnest(fuse_convex.lexical_ids, fuse_convex.lexical_scores) with ordinality u(id, s, ord)
-        union all
-        select u.id, 'g', u.ord, u.s from unnest(fuse_convex.graph_ids, fuse_convex.graph_scores) with ordinality u(id, s, ord)
-    ), normalized as (
-        -- min-max over each arm's list: its best 1, its worst 0 (a list of one, or of equal
-        -- scores: 1)
-        select h.id, h.arm, h.ord,
-               coalesce((h.s - pg_catalog.min(h.s) over w)
-                        / nullif(pg_catalog.max(h.s) over w - pg_catalog.min(h.s) over w, 0), 1) as n
-          from hits h where h.id is not null
-        window w as (partition by h.arm)
-    ), per_chunk as (
-        select n.id,
-               (min(n.ord) filter (where n.arm = 'v'))::integer as vr,
-               (min(n.ord) filter (where n.arm = 'l'))::integer as lr,
-               (min(n.ord) filter (where n.arm = 'g'))::integer as gr,
-               coalesce(max(n.n) filter (where n.arm = 'v'), 0) * fuse_convex.vector_weight
-             + coalesce(max(n.n) filter (where n.arm = 'l'), 0) * fuse_convex.lexical_weight
-             + coalesce(max(n.n) filter (where n.arm = 'g'), 0) * fuse_convex.graph_weight as fused
-          from normalized n group by n.id
-    )
-    select (pg_catalog.row_number() over w)::integer, p.id, p.fused, p.vr, p.lr, p.gr
-      from per_chunk p
-    window w as (order by p.fused desc, p.vr nulls last, p.lr nulls last, p.gr nulls last, p.id)
-     order by p.fused desc, p.vr nulls last, p.lr nulls last, p.gr nulls last, p.id;
+    select * from kb._fuse('convex', fuse_convex.vector_ids, fuse_convex.vector_scores,
+                           fuse_convex.lexical_ids, fuse_convex.lexical_scores,
+                           fuse_convex.graph_ids, fuse_convex.graph_scores, 60,
+                           fuse_convex.vector_weight, fuse_convex.lexical_weight,
+                           fuse_convex.graph_weight);
 end
 $$;
 comment on function kb.fuse_convex(bigint[], double precision[], bigint[], double precision[], bigint[], double precision[], double precision, double precision, double precision) is
@@ -145,7 +174,7 @@ language plpgsql
 immutable
 parallel safe
 security invoker
-rows 100  -- the fused list (see kb.fuse_rrf)
+rows 100  -- the fused list (see kb._fuse)
 set search_path = pg_catalog, pg_temp
 as $$
 #variable_conflict use_column

@@ -248,14 +248,9 @@ begin
            array_agg(f.lexical_rank order by f.rank), array_agg(f.graph_rank order by f.rank)
       into fused_ids, fused_docs, fused_scores, fused_vector_ranks, fused_lexical_ranks,
            fused_graph_ranks
-      from (select * from kb.fuse_rrf(vector_ids, lexical_ids, graph_ids, search.rrf_k, vector_w,
-                                      search.lexical_weight, search.graph_weight)
-             where search.fusion = 'rrf'
-            union all
-            select * from kb.fuse_convex(vector_ids, vector_scores, lexical_ids, lexical_scores,
-                                         graph_ids, graph_scores, vector_w,
-                                         search.lexical_weight, search.graph_weight)
-             where search.fusion = 'convex') f
+      from kb._fuse(search.fusion, vector_ids, vector_scores, lexical_ids, lexical_scores,
+                    graph_ids, graph_scores, search.rrf_k, vector_w, search.lexical_weight,
+                    search.graph_weight) f
       join kb.chunks c on c.id = f.chunk_id;
     if fused_ids is null then
         return;

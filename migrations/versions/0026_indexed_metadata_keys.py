@@ -16,6 +16,7 @@ and their blocks dirty (a statement trigger; nothing when no key is indexed): th
 rewritten by the next kb.refresh_lexical_index, and pending chunks are scored exactly until then.
 Internal signatures change (kb._filter_masks_serve, kb._filter_masks, kb._filter_cache_anchor
 gain a metadata filter's anchors on indexed keys): the old ones are dropped here.
+kb._fuse (new, internal) is the fusion kb.fuse_rrf, kb.fuse_convex and kb.search share.
 """
 
 from __future__ import annotations
@@ -102,6 +103,8 @@ drop function if exists kb._metadata_anchors(jsonb);
 drop function if exists kb._metadata_mask_value(text, jsonb);
 drop function if exists kb._metadata_mask_prefix(text);
 drop function if exists kb._metadata_row_filter_sql(text, jsonb);
+drop function if exists kb._fuse(text, bigint[], double precision[], bigint[], double precision[],
+    bigint[], double precision[], integer, double precision, double precision, double precision);
 delete from kb.lexical_filter_blocks b using kb.lexical_filter_caches f
  where b.cache_id = f.cache_id and f.filter_kind = 'metadata';
 delete from kb.lexical_filter_slots s using kb.lexical_filter_caches f

@@ -107,6 +107,8 @@ EXPECTED_VOLATILITY = {
     "kb.search(text,vector,integer,text[],text,text[],double precision,integer,integer,integer,"
     "double precision,double precision,double precision,boolean,boolean,integer,integer,"
     "double precision,vector[],integer,jsonb,interval,text,double precision,text)": "s",
+    "kb._fuse(text,bigint[],double precision[],bigint[],double precision[],bigint[],"
+    "double precision[],integer,double precision,double precision,double precision)": "i",
     "kb.fuse_convex(bigint[],double precision[],bigint[],double precision[],bigint[],"
     "double precision[],double precision,double precision,double precision)": "i",
 }
