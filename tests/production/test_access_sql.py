@@ -181,8 +181,8 @@ def test_a_metadata_filter_never_matches_a_hidden_document(
 ) -> None:
     """A reader's metadata filter selects among the chunks it may read: the finance document's
     metadata matches the filter, and alice (hr) still finds nothing of it, in any arm; the same
-    with the key indexed (its bitmaps hold every reader's chunks) and the lexical arm forced
-    through its cache."""
+    with the key indexed by the writer (a reader may not index one; the bitmaps hold every
+    reader's chunks) and the lexical arm forced through its cache."""
     akb = enforced
     i = akb.ids
     with akb.connect("owner") as conn:
@@ -190,8 +190,13 @@ def test_a_metadata_filter_never_matches_a_hidden_document(
             "update kb.documents set metadata = %s where id in (%s, %s)",
             ('{"quarter": "q3"}', i["fin"], i["hr"]),
         )
-        if indexed:
+    if indexed:
+        # a reader may not index a key; a writer may, from psql as from the CLI
+        with akb.connect("alice") as conn:
+            assert_sqlstate(conn, "select kb.index_metadata_key('quarter')", "42501")
+        with akb.connect("walt") as conn:
             assert conn.execute("select kb.index_metadata_key('quarter')").fetchone() == (True,)
+        with akb.connect("owner") as conn:
             held = conn.execute(
                 "select value, sum(bit_count(kept)) from kb.lexical_filter_masks"
                 " where filter_kind = 'metadata' group by value"
