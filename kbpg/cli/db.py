@@ -51,7 +51,7 @@ def _embedded_server(app: AppContext) -> Any:
 def db_start(app: AppContext, prewarm: bool) -> None:
     """Start the embedded PostgreSQL server (it keeps running until `kbpg db stop`)."""
     server = _embedded_server(app)
-    url = server.start()
+    url = server.owner_url()
     click.echo(f"embedded PostgreSQL running in {server.pgdata}", err=True)
     if prewarm:
         _prewarm(url)
@@ -75,7 +75,7 @@ def _prewarm(url: str) -> None:
         if not row[1]:
             click.echo("not prewarmed: kb.prewarm() is missing, run `kbpg db upgrade`", err=True)
             return
-        conn.execute(queries.CREATE_PREWARM)  # kbpg's own server: kbpg is its superuser
+        conn.execute(queries.CREATE_PREWARM)  # kbpg's own server created it (EmbeddedServer)
         loaded = dict(conn.execute(queries.PREWARM).fetchall())
     where = [
         f"{int(loaded[mode]) / 2**20:,.0f} MB into {place}"
@@ -118,16 +118,16 @@ def db_standby(app: AppContext, directory: Path, primary_url: str | None) -> Non
     """
     from psycopg.conninfo import conninfo_to_dict
 
-    from kbpg.store.embedded import DATABASE_NAME, SUPERUSER, EmbeddedServer
+    from kbpg.store.embedded import DATABASE_NAME, OWNER, SUPERUSER, EmbeddedServer
     from kbpg.store.replicas import redacted
 
     home = directory.expanduser().resolve()
     primary_url = primary_url or app.settings.database_url
     if primary_url is None:
         primary = EmbeddedServer(app.settings.home)
-        primary.start()
+        primary.owner_url()  # its owner role set up first: the copy has it
         standby = primary.create_standby(home)
-        url = standby.url()
+        url = standby.url(user=OWNER)
         source = f"the embedded server in {primary.pgdata}"
     else:
         standby = EmbeddedServer.standby_of(primary_url, home)

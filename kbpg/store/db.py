@@ -53,7 +53,7 @@ def resolve_url(settings: Settings) -> str:
         return settings.database_url
     from kbpg.store.embedded import EmbeddedServer
 
-    return EmbeddedServer(settings.home).start()
+    return EmbeddedServer(settings.home).owner_url()
 
 
 def register_types(conn: psycopg.Connection[Any]) -> None:

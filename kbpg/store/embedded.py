@@ -31,6 +31,13 @@ from kbpg.errors import ServerError
 
 DATABASE_NAME = "kbpg"
 SUPERUSER = "postgres"
+# The role kbpg's commands connect as: it owns kbpg's database, schema kb and everything kbpg
+# makes, and is no superuser (LOGIN CREATEDB CREATEROLE, what docs/operations.md asks a DBA
+# for), so that nothing reached through kbpg's SECURITY DEFINER functions holds the server's
+# rights (issue 38). The superuser stays the server's administrator: initdb, extensions, standbys.
+OWNER = "kbpg"
+# in the data directory, once OWNER is set up (a server made by an earlier kbpg gets it then)
+_OWNER_MARKER = "kbpg_owner"
 # The unprivileged OS user the server runs as when kbpg runs as root (PostgreSQL refuses root).
 SERVICE_USER = "kbpg-postgres"
 # sun_path is 108 bytes on Linux; keep a margin for the socket file name.
@@ -108,6 +115,88 @@ def _server_binaries_dir() -> Path:
             shutil.rmtree(staging, ignore_errors=True)
     return mirrored_bin
 
+
+_CREATE_OWNER = f"""
+do $owner$
+declare
+    r record;
+begin
+    if not exists (select from pg_catalog.pg_roles where rolname = '{OWNER}') then
+        create role "{OWNER}" login createdb createrole;
+    end if;
+    -- the roles kbpg made as the superuser (reader, writer, tokens' logins): OWNER administers
+    -- them, without being a member of any
+    for r in select r0.rolname from pg_catalog.pg_roles r0
+              where not r0.rolsuper and r0.rolname !~ '^pg_' and r0.rolname <> '{OWNER}'
+                and not exists (select from pg_catalog.pg_auth_members m
+                                 where m.roleid = r0.oid and m.admin_option
+                                   and m.member = '{OWNER}'::pg_catalog.regrole) loop
+        execute pg_catalog.format('grant %I to %I with admin true, inherit false, set false',
+                                  r.rolname, '{OWNER}');
+    end loop;
+end
+$owner$
+"""
+
+# In one database, as the superuser: what the bootstrap superuser owns outside the system
+# schemas and extensions (schema kb and its tables, sequences, functions; the alembic version
+# table; your own tables made through `kbpg db url` before) passes to OWNER. REASSIGN OWNED
+# cannot do it: PostgreSQL refuses it for the bootstrap superuser's objects.
+_HAND_OVER = f"""
+do $hand_over$
+declare
+    o record;
+    system constant oid[] := array(select oid from pg_catalog.pg_namespace
+                                    where nspname in ('pg_catalog', 'information_schema', 'pg_toast')
+                                       or nspname like 'pg_temp%' or nspname like 'pg_toast_temp%');
+begin
+    for o in select n.nspname from pg_catalog.pg_namespace n
+              where n.nspowner = 10 and n.oid <> all (system) and n.nspname <> 'public'
+                and not exists (select from pg_catalog.pg_depend d
+                                 where d.classid = 'pg_namespace'::regclass and d.objid = n.oid
+                                   and d.deptype = 'e') loop
+        execute pg_catalog.format('alter schema %I owner to %I', o.nspname, '{OWNER}');
+    end loop;
+    -- tables, views, sequences not owned by a column (those follow their table)
+    for o in select c.oid::regclass as name,
+                    case c.relkind when 'S' then 'sequence' when 'v' then 'view'
+                                   when 'm' then 'materialized view' when 'f' then 'foreign table'
+                                   else 'table' end as kind
+               from pg_catalog.pg_class c
+              where c.relowner = 10 and c.relnamespace <> all (system)
+                and c.relkind in ('r', 'p', 'v', 'm', 'f', 'S')
+                and not exists (select from pg_catalog.pg_depend d
+                                 where d.classid = 'pg_class'::regclass and d.objid = c.oid
+                                   and (d.deptype = 'e' or (c.relkind = 'S' and d.deptype in ('a', 'i')))) loop
+        execute pg_catalog.format('alter %s %s owner to %I', o.kind, o.name, '{OWNER}');
+    end loop;
+    for o in select p.oid::regprocedure as name,
+                    case p.prokind when 'p' then 'procedure' when 'a' then 'aggregate'
+                                   else 'function' end as kind
+               from pg_catalog.pg_proc p
+              where p.proowner = 10 and p.pronamespace <> all (system)
+                and not exists (select from pg_catalog.pg_depend d
+                                 where d.classid = 'pg_proc'::regclass and d.objid = p.oid
+                                   and d.deptype = 'e') loop
+        execute pg_catalog.format('alter %s %s owner to %I', o.kind, o.name, '{OWNER}');
+    end loop;
+    -- standalone types (enums, domains, ranges, composite types of their own)
+    for o in select t.oid::regtype as name, t.typtype
+               from pg_catalog.pg_type t
+              where t.typowner = 10 and t.typnamespace <> all (system)
+                and t.typtype in ('e', 'd', 'r', 'c')
+                and (t.typtype <> 'c' or (select c.relkind from pg_catalog.pg_class c
+                                           where c.oid = t.typrelid) = 'c')
+                and not exists (select from pg_catalog.pg_depend d
+                                 where d.classid = 'pg_type'::regclass and d.objid = t.oid
+                                   and d.deptype = 'e') loop
+        execute pg_catalog.format('alter %s %s owner to %I',
+                                  case o.typtype when 'd' then 'domain' else 'type' end,
+                                  o.name, '{OWNER}');
+    end loop;
+end
+$hand_over$
+"""
 
 # settings a hot standby must have at least as high as its primary's (else it will not start)
 _HOT_STANDBY_LIMITS = (
@@ -315,6 +404,16 @@ class EmbeddedServer:
             url = self.url()
             self._ensure_database()
             return url
+
+    def owner_url(self) -> str:
+        """Start the server if it is not running; return the URL of kbpg's database as OWNER,
+        the role every kbpg command connects as (set up on first use: a server made by an
+        earlier kbpg, whose objects the superuser owns, has them handed over to OWNER)."""
+        self.start()
+        if not (self.pgdata / _OWNER_MARKER).exists():
+            with self._lock():
+                self._ensure_owner()
+        return self.url(user=OWNER)
 
     def stop(self) -> bool:
         """Stop the server; False when it was not running."""
@@ -596,3 +695,35 @@ class EmbeddedServer:
             ).fetchone()
             if exists is None:
                 conn.execute(f'create database "{DATABASE_NAME}"')
+
+    def _ensure_owner(self) -> None:
+        """Create OWNER and hand it kbpg's database: everything in it the superuser made (a
+        database from before OWNER existed), and ADMIN over the roles kbpg made, so that it can
+        grant them (`kbpg access`, `kbpg token`). pgvector (not a trusted extension) is created
+        here by the superuser, also in template1 for `kbpg eval`'s throwaway databases.
+        Idempotent; nothing on a standby (its roles and objects come from the primary)."""
+        import psycopg
+
+        if (self.pgdata / _OWNER_MARKER).exists():
+            return
+        with psycopg.connect(self.url("postgres"), autocommit=True) as conn:
+            standby = conn.execute("select pg_catalog.pg_is_in_recovery()").fetchone()
+            if standby is not None and standby[0]:
+                return
+            conn.execute(_CREATE_OWNER)
+            conn.execute(f'alter database "{DATABASE_NAME}" owner to "{OWNER}"')
+        for database in ("template1", DATABASE_NAME):
+            with psycopg.connect(self.url(database), autocommit=True) as conn:
+                conn.execute("create extension if not exists vector")
+                conn.execute(_HAND_OVER)
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            # `kbpg db start --prewarm` (pg_prewarm is not trusted either), where the server has it
+            if conn.execute(
+                "select true from pg_catalog.pg_available_extensions where name = 'pg_prewarm'"
+            ).fetchone():
+                conn.execute("create extension if not exists pg_prewarm")
+        marker = self.pgdata / _OWNER_MARKER
+        marker.write_text(f"{OWNER}\n")
+        if _running_as_root():
+            user = _ensure_service_user()
+            os.chown(marker, user.pw_uid, user.pw_gid)

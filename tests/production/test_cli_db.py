@@ -7,6 +7,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import psycopg
 import pytest
 
 from kbpg.store import db as kdb
@@ -109,7 +110,7 @@ def test_embedded_server_start_status_stop(kbpg_home: Path) -> None:
     start = run_kbpg("db", "start", "--prewarm", env=env)
     assert start.returncode == 0, start.stderr
     url = start.stdout.strip()
-    assert url.startswith("postgresql://postgres@/kbpg?host=")
+    assert url.startswith("postgresql://kbpg@/kbpg?host=")
     assert "not prewarmed: kb.prewarm() is missing, run `kbpg db upgrade`" in start.stderr
 
     upgrade = run_kbpg("db", "upgrade", env=env)
@@ -182,6 +183,101 @@ def test_first_use_of_the_embedded_server_creates_the_schema(kbpg_home: Path) ->
     assert found.returncode == 0, found.stderr
     assert Path(json.loads(found.stdout)["chunks"][0]["source"]).name == "renew-permit.md"
     assert run_kbpg("db", "current", env=env).stdout.strip() == kdb.head_revision()
+
+
+def _owners(url: str) -> dict[str, object]:
+    with psycopg.connect(url) as conn:
+        row = conn.execute(
+            "select current_user::text, r.rolsuper, r.rolcreatedb, r.rolcreaterole,"
+            " r.rolreplication, r.rolbypassrls,"
+            " (select nspowner::regrole::text from pg_namespace where nspname = 'kb'),"
+            " (select count(*) from pg_class where relnamespace = 'kb'::regnamespace"
+            "   and relowner <> current_user::regrole),"
+            " (select count(*) from pg_proc where pronamespace = 'kb'::regnamespace"
+            "   and proowner <> current_user::regrole)"
+            " from pg_roles r where r.rolname = current_user"
+        ).fetchone()
+    assert row is not None
+    keys = ("role", "super", "createdb", "createrole", "replication", "bypassrls", "kb owner",
+            "kb relations of another owner", "kb functions of another owner")  # fmt: skip
+    return dict(zip(keys, row, strict=True))
+
+
+OWNED = {
+    "role": "kbpg",
+    "super": False,
+    "createdb": True,
+    "createrole": True,
+    "replication": False,
+    "bypassrls": False,
+    "kb owner": "kbpg",
+    "kb relations of another owner": 0,
+    "kb functions of another owner": 0,
+}
+
+
+def test_the_embedded_server_s_owner_is_no_superuser(kbpg_home: Path) -> None:
+    """Issue 38: every kbpg command on the embedded server connects as `kbpg`, which owns
+    schema kb and is no superuser, so that no SECURITY DEFINER function of kbpg's (a table
+    source's trigger included) runs with the server's rights; an application role kbpg's
+    owner made cannot be made a superuser through it."""
+    env = clean_env(KBPG_HOME=str(kbpg_home))
+    assert run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=env).returncode == 0
+    url = run_kbpg("db", "url", env=env).stdout.strip()
+    assert _owners(url) == OWNED
+    # what the owner still does on its own server: roles for access control and an application
+    # table with a source (the trigger's rights are the owner's, not a superuser's)
+    assert run_kbpg("access", "setup", env=env).returncode == 0
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("create role kbpg_test_app login")
+        try:
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("alter role kbpg_test_app superuser")
+            with pytest.raises(psycopg.errors.InsufficientPrivilege):
+                conn.execute("copy (select 1) to program 'true'")
+        finally:
+            conn.execute("drop role kbpg_test_app")
+
+
+def test_a_server_made_before_hands_its_objects_to_the_owner(kbpg_home: Path) -> None:
+    """A server an earlier kbpg made: the superuser owns schema kb, the roles and your tables.
+    The next command hands them to `kbpg` (and ADMIN over the roles), and everything keeps
+    working as before: the same ranked results, grants, a table source's sync."""
+    server = EmbeddedServer(kbpg_home)
+    superuser = server.start()  # what kbpg connected as before
+    before = clean_env(KBPG_HOME=str(kbpg_home), KBPG_DATABASE_URL=superuser)
+    assert run_kbpg("db", "upgrade", env=before).returncode == 0
+    assert run_kbpg("ingest", str(SAMPLES / "parking"), "--recursive", env=before).returncode == 0
+    assert run_kbpg("access", "setup", env=before).returncode == 0
+    with psycopg.connect(superuser, autocommit=True) as conn:
+        conn.execute("create role kbpg_test_bob login in role kbpg_reader")
+        conn.execute("create table public.articles (id int primary key, body text not null)")
+        conn.execute("insert into public.articles values (1, 'Bins are collected on Tuesdays.')")
+        conn.execute("select kb.add_table_source('articles', 'public.articles', text => 'body')")
+    try:
+        assert run_kbpg("sync", env=before).returncode == 0
+        query = ("search", "how do I renew a parking permit", "--json")
+        ranked_before = json.loads(run_kbpg(*query, env=before).stdout)["chunks"]
+
+        after = clean_env(KBPG_HOME=str(kbpg_home))
+        ranked_after = json.loads(run_kbpg(*query, env=after).stdout)["chunks"]
+        assert [c["chunk_id"] for c in ranked_after] == [c["chunk_id"] for c in ranked_before]
+        url = run_kbpg("db", "url", env=after).stdout.strip()
+        assert _owners(url) == OWNED
+        grant = run_kbpg("access", "grant", "kbpg_test_bob", "parking", env=after)
+        assert grant.returncode == 0, grant.stderr
+        with psycopg.connect(url, autocommit=True) as conn:
+            assert conn.execute(
+                "select relowner::regrole::text from pg_class where oid = 'public.articles'::regclass"
+            ).fetchone() == ("kbpg",)
+            conn.execute("insert into public.articles values (2, 'Bins go out on Monday night.')")
+        synced = run_kbpg("sync", env=after)
+        assert synced.returncode == 0, synced.stderr
+        documents = json.loads(run_kbpg("documents", "list", "--json", env=after).stdout)
+        assert {d["source"] for d in documents} >= {"table:articles/1", "table:articles/2"}
+    finally:
+        with psycopg.connect(superuser, autocommit=True) as conn:
+            conn.execute("drop role if exists kbpg_test_bob")
 
 
 def test_first_use_of_the_embedded_server_takes_kbpg_language(kbpg_home: Path) -> None:

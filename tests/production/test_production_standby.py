@@ -22,7 +22,7 @@ from kbpg.app import KnowledgeBase
 from kbpg.config import Settings
 from kbpg.serve.http import create_app
 from kbpg.store.db import head_revision, upgrade
-from kbpg.store.embedded import EmbeddedServer
+from kbpg.store.embedded import OWNER, SUPERUSER, EmbeddedServer
 from tests.conftest import with_database
 from tests.helpers import KBPG, clean_env, run_kbpg
 from tests.release_fixtures import REPO
@@ -44,6 +44,12 @@ def wait_for_replay(primary_url: str, standby_url: str, timeout: float = 60) -> 
             time.sleep(0.1)
 
 
+def as_superuser(url: str) -> str:
+    """The embedded server's URL as its superuser: pausing a standby's replay is an
+    administrator's statement, not the owner's."""
+    return url.replace(f"://{OWNER}@", f"://{SUPERUSER}@", 1)
+
+
 @pytest.fixture(scope="module")
 def standby_root() -> Iterator[Path]:
     root = Path(tempfile.mkdtemp(prefix="kbpg-standby-", dir="/tmp"))
@@ -59,7 +65,7 @@ def replicated(standby_root: Path) -> Iterator[tuple[str, str]]:
     primary = EmbeddedServer(standby_root / "primary", durable=False)
     standby = EmbeddedServer(standby_root / "standby")
     try:
-        primary_url = primary.start()
+        primary_url = primary.owner_url()  # what kbpg connects as (no superuser)
         made = run_kbpg(
             "db",
             "standby",
@@ -69,7 +75,7 @@ def replicated(standby_root: Path) -> Iterator[tuple[str, str]]:
         )
         assert made.returncode == 0, made.stderr
         standby_url = made.stdout.strip()
-        assert standby_url == standby.url()
+        assert standby_url == standby.url(user=OWNER)
         assert f"export KBPG_READ_URL='{standby_url}'" in made.stderr
         assert f"KBPG_HOME={standby_root / 'standby'} kbpg db stop" in made.stderr
         yield primary_url, standby_url
@@ -127,7 +133,7 @@ def test_read_url_sends_searches_to_the_replica_and_writes_to_the_primary(
         "# Street parties\n\nResidents may close a quiet street for a street party once a"
         " year; apply to the events team six weeks ahead.\n"
     )
-    with psycopg.connect(standby_url, autocommit=True) as standby:
+    with psycopg.connect(as_superuser(standby_url), autocommit=True) as standby:
         standby.execute("select pg_wal_replay_pause()")
         try:
             result = run_kbpg("ingest", str(tmp_path / "street-parties.md"), env=routed)
@@ -199,7 +205,7 @@ def test_serve_searches_on_the_replica(replicated: tuple[str, str], kb_on_primar
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    with psycopg.connect(standby_url, autocommit=True) as standby:
+    with psycopg.connect(as_superuser(standby_url), autocommit=True) as standby:
         standby.execute("select pg_wal_replay_pause()")
         process = subprocess.Popen(
             [KBPG, "serve", "--port", str(port)], env=env, stderr=subprocess.DEVNULL
@@ -255,6 +261,7 @@ def test_standby_of_a_primary_given_by_url(
     """`kbpg db standby DIR --primary URL`: a copy of any PostgreSQL 18 the URL's role may
     replicate, answering searches once made; a second standby into the same place is refused."""
     primary_url, _ = replicated
+    primary_url = as_superuser(primary_url)  # a role with REPLICATION
     target = standby_root / "by-url"
     made = run_kbpg("db", "standby", str(target), "--primary", primary_url, env=clean_env())
     try:
@@ -297,7 +304,7 @@ def test_readiness_and_metrics_per_replica(replicated: tuple[str, str], kb_on_pr
         assert f'kbpg_replica_skips_total{{reason="down",replica="{down}"}} 1.0' in metrics
         assert 'kbpg_reads_total{database="primary"}' not in metrics
 
-        with psycopg.connect(standby_url, autocommit=True) as standby:
+        with psycopg.connect(as_superuser(standby_url), autocommit=True) as standby:
             standby.execute("select pg_wal_replay_pause()")
             try:
                 with psycopg.connect(primary_url) as conn:
