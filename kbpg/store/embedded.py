@@ -619,7 +619,7 @@ class EmbeddedServer:
         settings = {
             "listen_addresses": "''",
             "unix_socket_directories": f"'{socket_dir}'",
-            "unix_socket_permissions": "0700" if not _running_as_root() else "0777",
+            "unix_socket_permissions": "0700",
             **_base_settings(),
         }
         if not self.durable:
@@ -644,6 +644,11 @@ class EmbeddedServer:
                 str(self.pgdata),
                 "-l",
                 str(self.log_file),
+                # only the OS user the server runs as (and root, which kbpg runs as then) may
+                # open its socket, whose authentication is `trust`: a server made before this
+                # had 0777 under root, letting any local user log in as its superuser
+                "-o",
+                "-c unix_socket_permissions=0700",
                 "-w",
                 "-t",
                 str(_START_TIMEOUT_S),

@@ -6,6 +6,7 @@ import json
 import re
 import subprocess
 from pathlib import Path
+from urllib.parse import unquote
 
 import psycopg
 import pytest
@@ -237,6 +238,27 @@ def test_the_embedded_server_s_owner_is_no_superuser(kbpg_home: Path) -> None:
                 conn.execute("copy (select 1) to program 'true'")
         finally:
             conn.execute("drop role kbpg_test_app")
+
+
+def test_only_the_server_s_own_user_may_open_its_socket(kbpg_home: Path) -> None:
+    """The socket's authentication is `trust`: its file is 0700 (the OS user the server runs
+    as; root, kbpg's user when the server runs as kbpg-postgres, passes by its capabilities).
+    A home whose path is too long for a socket puts it in a directory of its own under /tmp,
+    which any user may traverse: under root the socket was 0777 there, so any local user could
+    log in as the server's superuser."""
+    home = kbpg_home / ("h" * 90)
+    home.mkdir()
+    home.chmod(0o755)
+    server = EmbeddedServer(home)
+    try:
+        url = server.start()
+        socket_dir = Path(unquote(url.split("host=", 1)[1].split("&", 1)[0]))
+        assert socket_dir != server.pgdata  # the long path's own socket directory
+        socket = socket_dir / ".s.PGSQL.5432"
+        assert socket.is_socket()
+        assert socket.stat().st_mode & 0o777 == 0o700
+    finally:
+        server.stop()
 
 
 def test_a_server_made_before_hands_its_objects_to_the_owner(kbpg_home: Path) -> None:
