@@ -124,14 +124,16 @@ begin
     if not exists (select from pg_catalog.pg_roles where rolname = '{OWNER}') then
         create role "{OWNER}" login createdb createrole;
     end if;
-    -- the roles kbpg made as the superuser (reader, writer, tokens' logins): OWNER administers
-    -- them, without being a member of any
+    -- a role OWNER creates is granted to it with SET (PostgreSQL 16+ grants only ADMIN): kbpg
+    -- acts as a token's or a Principal's role with SET LOCAL ROLE, never inheriting its rights
+    alter role "{OWNER}" set createrole_self_grant = 'set';
+    -- the same for the roles made as the superuser before (reader, writer, tokens' logins)
     for r in select r0.rolname from pg_catalog.pg_roles r0
               where not r0.rolsuper and r0.rolname !~ '^pg_' and r0.rolname <> '{OWNER}'
                 and not exists (select from pg_catalog.pg_auth_members m
                                  where m.roleid = r0.oid and m.admin_option
                                    and m.member = '{OWNER}'::pg_catalog.regrole) loop
-        execute pg_catalog.format('grant %I to %I with admin true, inherit false, set false',
+        execute pg_catalog.format('grant %I to %I with admin true, inherit false, set true',
                                   r.rolname, '{OWNER}');
     end loop;
 end

@@ -11,6 +11,7 @@ from urllib.parse import unquote
 import psycopg
 import pytest
 
+from kbpg.app import KnowledgeBase, Principal
 from kbpg.store import db as kdb
 from kbpg.store.embedded import EmbeddedServer
 from tests.helpers import KBPG, clean_env, run_kbpg
@@ -236,6 +237,16 @@ def test_the_embedded_server_s_owner_is_no_superuser(kbpg_home: Path) -> None:
                 conn.execute("alter role kbpg_test_app superuser")
             with pytest.raises(psycopg.errors.InsufficientPrivilege):
                 conn.execute("copy (select 1) to program 'true'")
+            # a role it made is one it may act as (tokens, Principal: SET LOCAL ROLE) without
+            # inheriting its rights
+            conn.execute("set role kbpg_test_app")
+            assert conn.execute("select current_user").fetchone() == ("kbpg_test_app",)
+            conn.execute("reset role")
+            assert conn.execute(
+                "select bool_or(m.inherit_option), bool_or(m.set_option), bool_or(m.admin_option)"
+                " from pg_auth_members m"
+                " where m.roleid = 'kbpg_test_app'::regrole and m.member = 'kbpg'::regrole"
+            ).fetchone() == (False, True, True)
         finally:
             conn.execute("drop role kbpg_test_app")
 
@@ -288,6 +299,10 @@ def test_a_server_made_before_hands_its_objects_to_the_owner(kbpg_home: Path) ->
         assert _owners(url) == OWNED
         grant = run_kbpg("access", "grant", "kbpg_test_bob", "parking", env=after)
         assert grant.returncode == 0, grant.stderr
+        # bob's searches through kbpg (a token's, a Principal's: SET LOCAL ROLE) as before
+        with KnowledgeBase(url, pool_size=1) as kb:
+            found = kb.search("renew parking permit", principal=Principal("kbpg_test_bob"))
+        assert Path(found.chunks[0].source).name == "renew-permit.md"
         with psycopg.connect(url, autocommit=True) as conn:
             assert conn.execute(
                 "select relowner::regrole::text from pg_class where oid = 'public.articles'::regclass"
