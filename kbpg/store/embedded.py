@@ -130,9 +130,12 @@ begin
     -- the same for the roles made as the superuser before (reader, writer, tokens' logins)
     for r in select r0.rolname from pg_catalog.pg_roles r0
               where not r0.rolsuper and r0.rolname !~ '^pg_' and r0.rolname <> '{OWNER}'
-                and not exists (select from pg_catalog.pg_auth_members m
-                                 where m.roleid = r0.oid and m.admin_option
-                                   and m.member = '{OWNER}'::pg_catalog.regrole) loop
+                and not (exists (select from pg_catalog.pg_auth_members m
+                                  where m.roleid = r0.oid and m.admin_option
+                                    and m.member = '{OWNER}'::pg_catalog.regrole)
+                         and exists (select from pg_catalog.pg_auth_members m
+                                      where m.roleid = r0.oid and m.set_option
+                                        and m.member = '{OWNER}'::pg_catalog.regrole)) loop
         execute pg_catalog.format('grant %I to %I with admin true, inherit false, set true',
                                   r.rolname, '{OWNER}');
     end loop;
@@ -705,8 +708,8 @@ class EmbeddedServer:
 
     def _ensure_owner(self) -> None:
         """Create OWNER and hand it kbpg's database: everything in it the superuser made (a
-        database from before OWNER existed), and ADMIN over the roles kbpg made, so that it can
-        grant them (`kbpg access`, `kbpg token`). pgvector (not a trusted extension) is created
+        database from before OWNER existed), and ADMIN and SET over the roles made there, so
+        that it can grant them (`kbpg access`) and act as them (tokens, a Principal). pgvector (not a trusted extension) is created
         here by the superuser, also in template1 for `kbpg eval`'s throwaway databases.
         Idempotent; nothing on a standby (its roles and objects come from the primary)."""
         import psycopg
@@ -719,11 +722,11 @@ class EmbeddedServer:
                 return
             conn.execute(_CREATE_OWNER)
             conn.execute(f'alter database "{DATABASE_NAME}" owner to "{OWNER}"')
-        for database in ("template1", DATABASE_NAME):
-            with psycopg.connect(self.url(database), autocommit=True) as conn:
-                conn.execute("create extension if not exists vector")
-                conn.execute(_HAND_OVER)
+        with psycopg.connect(self.url("template1"), autocommit=True) as conn:
+            conn.execute("create extension if not exists vector")
         with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute("create extension if not exists vector")
+            conn.execute(_HAND_OVER)
             # `kbpg db start --prewarm` (pg_prewarm is not trusted either), where the server has it
             if conn.execute(
                 "select true from pg_catalog.pg_available_extensions where name = 'pg_prewarm'"
