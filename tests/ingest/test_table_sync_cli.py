@@ -144,7 +144,10 @@ def _worker_locks(url: str) -> int:
 def test_a_worker_killed_mid_batch_leaves_nothing_half_done(
     db_url: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    _bulk(db_url, 60)
+    # enough rows that the kill lands mid-way however fast the machine (60 were all written
+    # before a quiet machine's 0.1 s poll saw the first 15)
+    rows = 600
+    _bulk(db_url, rows)
     worker = _popen("sync", "--watch", "--batch-size", "5", env=cli_env, log=tmp_path / "w.log")
     _wait_for(
         lambda: _scalar(db_url, "select count(*) from kb.documents") >= 15,
@@ -153,18 +156,18 @@ def test_a_worker_killed_mid_batch_leaves_nothing_half_done(
     worker.send_signal(signal.SIGKILL)
     worker.wait(30)
     written = _scalar(db_url, "select count(*) from kb.documents")
-    assert 15 <= written < 60
+    assert 15 <= written < rows
     # its backend ends with it: the session lock and any claim it held are free for others
     _wait_for(lambda: _worker_locks(db_url) == 0, what="the killed worker's session to end")
     _ok("sync", "--batch-size", "50", env=cli_env)
-    assert _scalar(db_url, "select count(*) from kb.documents") == 60
+    assert _scalar(db_url, "select count(*) from kb.documents") == rows
     assert _scalar(db_url, "select count(*) from kb.source_claims") == 0
     assert _scalar(db_url, "select count(*) from kb.source_queue") == 0
     with kdb.connect(db_url) as conn:
         recount = conn.execute(
             "select lexemes_corrected, chunk_count from kb.recount_bm25_statistics()"
         ).fetchone()
-        assert recount == (0, 60)
+        assert recount == (0, rows)
         docs = documents(conn)
     assert all(len(chunks) == 1 for *_, chunks in docs.values())
 
@@ -172,7 +175,8 @@ def test_a_worker_killed_mid_batch_leaves_nothing_half_done(
 def test_sigterm_finishes_the_batch_in_hand_and_keeps_the_rest_queued(
     db_url: str, cli_env: dict[str, str], tmp_path: Path
 ) -> None:
-    _bulk(db_url, 60)
+    rows = 600  # the signal lands mid-way however fast the machine (as above)
+    _bulk(db_url, rows)
     log = tmp_path / "w.log"
     worker = _popen("sync", "--watch", "--batch-size", "5", env=cli_env, log=log)
     _wait_for(
@@ -190,7 +194,7 @@ def test_sigterm_finishes_the_batch_in_hand_and_keeps_the_rest_queued(
     assert written + queued == paged  # every row paged is written or still queued
     assert _worker_locks(db_url) == 0
     _ok("sync", env=cli_env)
-    assert _scalar(db_url, "select count(*) from kb.documents") == 60
+    assert _scalar(db_url, "select count(*) from kb.documents") == rows
 
 
 def test_a_watching_worker_is_woken_by_a_commit(
