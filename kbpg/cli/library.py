@@ -357,6 +357,8 @@ def stats(app: AppContext, as_json: bool) -> None:
         f"bm25: {bm25['chunks']} chunks, average length {bm25['average_length']}, "
         f"{bm25['lexemes']} lexemes"
     )
+    if data["indexed_metadata_keys"] is not None:
+        click.echo("indexed metadata keys: " + (", ".join(data["indexed_metadata_keys"]) or "none"))
     for kind in ("tables", "indexes"):
         click.echo(f"{kind}:")
         for name, size in data[kind].items():

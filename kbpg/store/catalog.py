@@ -122,6 +122,12 @@ def stats(db: Database, *, principal: Principal | None = None) -> dict[str, Any]
         kdb.require_schema(conn)
         row = conn.execute(queries.STATS).fetchone()
         assert row is not None
+        may_read_keys = conn.execute(queries.MAY_READ_INDEXED_METADATA_KEYS).fetchone()
+        keys = (
+            [key for (key,) in conn.execute(queries.INDEXED_METADATA_KEY_NAMES).fetchall()]
+            if may_read_keys and may_read_keys[0]
+            else None
+        )
         distributed = conn.execute(queries.DISTRIBUTED).fetchone()
         sizes = conn.execute(
             queries.RELATION_SIZES_DISTRIBUTED
@@ -147,6 +153,8 @@ def stats(db: Database, *, principal: Principal | None = None) -> dict[str, Any]
             "average_length": round(tokens / chunk_count, 2) if chunk_count else 0.0,
             "lexemes": int(lexemes),
         },
+        # None for a role that may not read them (a reader)
+        "indexed_metadata_keys": keys,
         "tables": {name: int(total) for name, kind, _, total in sizes if kind == "r"},
         "indexes": {name: int(size) for name, kind, size, _ in sizes if kind == "i"},
     }

@@ -554,6 +554,12 @@ RESOLVE_LANGUAGE: Final = "select kb._resolve_language(%(language)s)"
 # indexed metadata keys (sql/045): filter bitmaps and value caches for a key's values
 INDEX_METADATA_KEY: Final = "select kb.index_metadata_key(%s)"
 UNINDEX_METADATA_KEY: Final = "select kb.unindex_metadata_key(%s)"
+# `kbpg stats`: the indexed keys' names, for a role that may read them (a reader may not; a
+# query naming the table fails for it however it is guarded, so the privilege is asked first)
+MAY_READ_INDEXED_METADATA_KEYS: Final = (
+    "select pg_catalog.has_table_privilege('kb.indexed_metadata_keys', 'select')"
+)
+INDEXED_METADATA_KEY_NAMES: Final = "select key from kb.indexed_metadata_keys order by key"
 LIST_INDEXED_METADATA_KEYS: Final = (
     "select key, indexed_at, values, cached_values from kb.list_indexed_metadata_keys()"
 )

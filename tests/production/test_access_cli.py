@@ -78,6 +78,8 @@ def test_grants_enforced_through_every_command(kb: dict[str, Any]) -> None:
     assert {Path(d["source"]).name for d in listed} == {"parking.md", "salary.md"}
     stats = json.loads(kbpg_ok("stats", "--json", env=bob))
     assert stats["documents"] == 2
+    assert stats["indexed_metadata_keys"] is None  # not a reader's to read
+    assert json.loads(kbpg_ok("stats", "--json", env=owner))["indexed_metadata_keys"] == []
 
     grants = json.loads(kbpg_ok("access", "list", "--json", env=alice))
     assert [(g["role"], g["group"]) for g in grants] == [(roles["alice"], "hr")]

@@ -94,6 +94,8 @@ def test_indexed_keys_keep_the_answers_and_say_what_they_hold(env: dict[str, str
     ]
     assert cli_sources(env, "--filter", '{"updated": "2025-01-20"}') == before
     assert cli_sources(env, "--filter", "updated>=2025-01-01") == SINCE_2025
+    stats = CliRunner().invoke(main, ["stats"], env=env)
+    assert "indexed metadata keys: author.name, updated\n" in stats.stdout, stats.stderr
     bad = keys("index", "a..b")
     assert bad.exit_code == 1 and 'the key "a..b"' in bad.stderr and "empty part" in bad.stderr
     removed = keys("unindex", "updated", "author.name")
@@ -101,6 +103,8 @@ def test_indexed_keys_keep_the_answers_and_say_what_they_hold(env: dict[str, str
     missing = keys("unindex", "updated")
     assert missing.exit_code == 1 and "not indexed: updated" in missing.stderr
     assert keys("list").stdout == ""
+    stats = CliRunner().invoke(main, ["stats", "--json"], env=env)
+    assert json.loads(stats.stdout)["indexed_metadata_keys"] == []
 
 
 def test_recency_puts_the_newest_page_first(env: dict[str, str]) -> None:
