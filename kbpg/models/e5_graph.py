@@ -388,20 +388,23 @@ class E5Onnx:
         return result
 
     def pool(self, texts: list[str], *, spread: bool) -> npt.NDArray[np.float32]:
-        contents = self.tokenizer.content_ids(texts)
         out = np.empty((len(texts), self.weights.hidden), dtype=np.float32)
 
-        def rows(indexes: range) -> None:
-            for i in indexes:
-                out[i] = self._pooled(contents[i])
+        def one(i: int) -> None:
+            # tokenized here rather than all before: one thread's tokenizing (Python, under the
+            # GIL) runs while the other's model call (which releases it) does
+            out[i] = self._pooled(self.tokenizer.ids(texts[i]))
 
-        lanes = min(self.threads, len(texts)) if spread else 1
-        if lanes <= 1:
-            rows(range(len(texts)))
+        if not spread or self.threads <= 1 or len(texts) <= 1:
+            for i in range(len(texts)):
+                one(i)
         else:
             if self._workers is None:
                 from concurrent.futures import ThreadPoolExecutor
 
                 self._workers = ThreadPoolExecutor(self.threads, thread_name_prefix="kbpg-e5")
-            list(self._workers.map(rows, [range(k, len(texts), lanes) for k in range(lanes)]))
+            # a text a task: a thread done with a short text takes the next one (batches of
+            # 32 chunks of mixed lengths: +3% passages/s against a fixed half each, vectors
+            # identical)
+            list(self._workers.map(one, range(len(texts))))
         return out
