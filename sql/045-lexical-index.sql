@@ -211,6 +211,24 @@ comment on function kb._refresh_filter_cache(text, text, boolean, bigint, bigint
     'new_since and those updated in place take the next slots, and only the blocks of slots '
     'they touch are rewritten. Internal to kb.refresh_lexical_index.';
 
+create or replace function kb._drop_filter_caches(cache_ids integer[])
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    delete from kb.lexical_filter_blocks b where b.cache_id = any (_drop_filter_caches.cache_ids);
+    delete from kb.lexical_filter_slots s where s.cache_id = any (_drop_filter_caches.cache_ids);
+    delete from kb.lexical_filter_caches f where f.cache_id = any (_drop_filter_caches.cache_ids);
+end
+$$;
+comment on function kb._drop_filter_caches(integer[]) is
+    'Drop filter value caches (kb.lexical_filter_caches) with their blocks and slots. Internal: '
+    'kb.refresh_lexical_index drops the values no longer worth a cache, '
+    'kb.unindex_metadata_key those of its key.';
+
 create or replace function kb.refresh_lexical_index(full_rebuild boolean default false)
 returns table (blocks_rebuilt integer, chunks_covered bigint, watermark bigint, avgdl double precision)
 language plpgsql
@@ -375,16 +393,9 @@ begin
                  where not split and state.build_filter_caches
                  group by m.filter_kind, m.value
                 having pg_catalog.sum(pg_catalog.bit_count(m.kept)) between low and high) e;
-        delete from kb.lexical_filter_blocks b
-         using kb.lexical_filter_caches f
-         where b.cache_id = f.cache_id
-           and (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
-        delete from kb.lexical_filter_slots s
-         using kb.lexical_filter_caches f
-         where s.cache_id = f.cache_id
-           and (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
-        delete from kb.lexical_filter_caches f
-         where (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values));
+        perform kb._drop_filter_caches(array(
+            select f.cache_id from kb.lexical_filter_caches f
+             where (f.filter_kind, f.value) not in (select * from unnest(eligible_kinds, eligible_values))));
         -- (two scans, by id range and by the pending ids: as one OR it read every chunk)
         select coalesce(array_agg(t.filter_kind), '{}'), coalesce(array_agg(t.value), '{}')
           into touched_kinds, touched_values
@@ -536,21 +547,18 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    prefix constant text := kb._metadata_mask_prefix(unindex_metadata_key.key);
 begin
     delete from kb.indexed_metadata_keys k where k.key = unindex_metadata_key.key;
     if not found then
         return false;
     end if;
-    delete from kb.lexical_filter_blocks b using kb.lexical_filter_caches f
-     where b.cache_id = f.cache_id and f.filter_kind = 'metadata'
-       and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
-    delete from kb.lexical_filter_slots s using kb.lexical_filter_caches f
-     where s.cache_id = f.cache_id and f.filter_kind = 'metadata'
-       and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
-    delete from kb.lexical_filter_caches f
-     where f.filter_kind = 'metadata' and pg_catalog.starts_with(f.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
+    perform kb._drop_filter_caches(array(
+        select f.cache_id from kb.lexical_filter_caches f
+         where f.filter_kind = 'metadata' and pg_catalog.starts_with(f.value, prefix)));
     delete from kb.lexical_filter_masks m
-     where m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, kb._metadata_mask_prefix(unindex_metadata_key.key));
+     where m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, prefix);
     return true;
 end
 $$;

@@ -43,6 +43,7 @@ EXPECTED_VOLATILITY = {
     "kb._metadata_row_filter_sql(text,jsonb)": "i",
     "kb._metadata_mask_value(text,jsonb)": "i",
     "kb._metadata_mask_prefix(text)": "i",
+    "kb._drop_filter_caches(integer[])": "v",
     "kb._metadata_anchors(jsonb)": "i",
     "kb._metadata_masks(jsonb)": "s",
     "kb._metadata_same_filter(jsonb,jsonb)": "i",

@@ -748,6 +748,16 @@ def chunk_filter_values(conn: psycopg.Connection[Any]) -> dict[int, set[tuple[st
     return found
 
 
+def assert_no_rows_of_dropped_caches(conn: psycopg.Connection[Any]) -> None:
+    """No block or slot is left of a value cache that was dropped."""
+    for table in ("lexical_filter_blocks", "lexical_filter_slots"):
+        orphans = conn.execute(
+            f"select count(*) from kb.{table} t where not exists"
+            " (select from kb.lexical_filter_caches f where f.cache_id = t.cache_id)"
+        ).fetchone()
+        assert orphans == (0,), table
+
+
 def assert_value_caches(
     conn: psycopg.Connection[Any], low: int, high: int, fresh: bool = False
 ) -> None:
@@ -770,6 +780,7 @@ def assert_value_caches(
         value: chunks for value, chunks in value_members(conn).items() if low <= len(chunks) <= high
     }
     assert sorted(stored) == sorted(members)
+    assert_no_rows_of_dropped_caches(conn)
     for value, chunks in members.items():
         assert chunks <= set(stored[value]), value
         for cid in chunks:
@@ -1012,6 +1023,7 @@ def test_indexed_metadata_keys_mask_the_lexical_arm_exactly(conn):
     assert conn.execute("select kb.unindex_metadata_key('product')").fetchone() == (False,)
     assert not any(v.startswith('["product"') for _, v, _ in stored_masks(conn))
     assert not any(v.startswith('["product"') for _, v in stored_value_caches(conn))
+    assert_no_rows_of_dropped_caches(conn)
     assert stored_masks(conn) == expected_masks(conn, 100)
     for filters in INDEXED_FILTERS[:2]:
         assert_matches_reference(conn, queries, **filters)
