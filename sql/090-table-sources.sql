@@ -5,13 +5,16 @@
 --       metadata => '{author, updated_at}');
 --   -- then run the worker: kbpg sync --watch
 --
--- Change capture without an extension: row triggers on the application's table add
--- (source, key, op) to kb.source_queue and do nothing else — no model call, no lock beyond the
--- queue row, no error of their own (ON CONFLICT DO NOTHING: one entry per key however often the
--- row changes, so the queue never outgrows the table). The queue, claims and parked rows are
--- keyed by the key's SHA-256 (kb._source_key_hash, a generated column), the key itself kept
--- beside it unindexed: any key the application's own index holds is queued. An UPDATE fires them only when a column
--- the source reads changed (UPDATE OF those columns, and a WHEN clause comparing them).
+-- Change capture without an extension: statement triggers on the application's table (row
+-- triggers on a partitioned one) add (source, key, op) to kb.source_queue and do nothing else —
+-- no model call, no lock beyond the queue rows, no error of their own; an UPDATE queues a row
+-- only when a column the source reads has another value. The queue is a log without an index
+-- (revision 0027: a 50,000-row UPDATE paid more for a per-key dedupe than for the rest of its
+-- capture): an entry per changing statement and row, each key taken once by the claim that
+-- reads it (the INSERTs keep ON CONFLICT DO NOTHING, a no-op here, for a database downgraded to
+-- 0026's keyed queue). Claims and parked rows are keyed by the key's SHA-256
+-- (kb._source_key_hash, a generated column), the key itself kept beside it unindexed: any key
+-- the application's own index holds is queued.
 -- A worker claims entries (kb._source_claim: FOR UPDATE SKIP LOCKED, moved to
 -- kb.source_claims in a statement of their own, so an application write never waits on a
 -- worker that embeds), reads the current rows (kb._source_rows) and writes their documents
@@ -1969,29 +1972,49 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
+    -- the queue is a log (revision 0027): a key changed by several statements has an entry for
+    -- each; the batch takes it once, with its earliest entry's op and time
     with picked as (
-        select q.source_id, q.key_hash
+        select q.ctid as entry
           from kb.source_queue q
          where (_source_claim.source_ids is null or q.source_id = any (_source_claim.source_ids))
            -- one worker per key at a time: a key changed again while claimed waits its turn
            and not exists (select 1 from kb.source_claims c
-                            where c.source_id = q.source_id and c.key_hash = q.key_hash)
+                            where c.source_id = q.source_id and c.key_hash = kb._source_key_hash(q.key))
          order by q.enqueued_at
          limit _source_claim.max_rows
          for update of q skip locked
     ), taken as (
         delete from kb.source_queue q
          using picked p
-         where q.source_id = p.source_id and q.key_hash = p.key_hash
-        returning q.source_id, q.key, q.op, q.enqueued_at
+         where q.ctid = p.entry
+        returning q.ctid as entry, q.source_id, q.key, q.op, q.enqueued_at
+    ), firsts as (
+        -- (entries of one transaction share their time: the first written, which an
+        -- append-only heap places first, breaks the tie)
+        select distinct on (t.source_id, t.key) t.source_id, t.key, t.op, t.enqueued_at
+          from taken t
+         order by t.source_id, t.key, t.enqueued_at, t.entry
+    ), claimed as (
+        -- a key another worker claimed since this statement began (its entries were not locked:
+        -- an older or newer change of the same key) is its; those entries go back to the queue
+        insert into kb.source_claims (source_id, key, op, enqueued_at, worker)
+        select f.source_id, f.key, f.op, f.enqueued_at, _source_claim.worker from firsts f
+        on conflict do nothing
+        returning source_id, key, op, enqueued_at
+    ), requeued as (
+        insert into kb.source_queue (source_id, key, op, enqueued_at)
+        select f.source_id, f.key, f.op, f.enqueued_at
+          from firsts f
+         where not exists (select 1 from claimed c
+                            where c.source_id = f.source_id and c.key = f.key)
     )
-    insert into kb.source_claims (source_id, key, op, enqueued_at, worker)
-    select t.source_id, t.key, t.op, t.enqueued_at, _source_claim.worker from taken t
-    returning source_id, key, op, enqueued_at;
+    select c.source_id, c.key, c.op, c.enqueued_at from claimed c;
 end;
 comment on function kb._source_claim(integer, integer[], integer) is
     'Move up to max_rows queue entries (oldest first, of these sources or all) to the worker''s '
-    'claims; entries locked by another worker, or whose key another worker holds, are skipped.';
+    'claims, each key once (its earliest entry''s op and time); entries locked by another '
+    'worker, or whose key another worker holds, are skipped (or put back, when claimed meanwhile).';
 
 create or replace function kb._source_release(worker integer, keys jsonb default null)
 returns bigint

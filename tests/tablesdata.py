@@ -62,13 +62,21 @@ ADD_SOURCE = (
 
 
 def queue(conn: psycopg.Connection[Any]) -> list[tuple[list[str], str]]:
-    """(key, op) of every queue entry, oldest first."""
+    """(key, op) of every queued key as a worker's claim takes it (once, its earliest entry's op),
+    oldest first."""
     return [
         (list(r[0]), str(r[1]))
         for r in conn.execute(
-            "select key, op from kb.source_queue order by enqueued_at, key"
+            "select key, op from (select distinct on (source_id, key) source_id, key, op, enqueued_at"
+            "                       from kb.source_queue order by source_id, key, enqueued_at, ctid) q"
+            " order by enqueued_at, key"
         ).fetchall()
     ]
+
+
+def entries(conn: psycopg.Connection[Any]) -> int:
+    """How many entries the queue holds (a key changed by several statements has several)."""
+    return count(conn, "select count(*) from kb.source_queue")
 
 
 def count(conn: psycopg.Connection[Any], sql: str, params: Any = None) -> int:

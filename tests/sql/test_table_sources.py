@@ -16,7 +16,7 @@ from psycopg.types.json import Jsonb
 
 from kbpg.store import db as kdb
 from tests.sqldata import raises_sqlstate
-from tests.tablesdata import ADD_SOURCE, add_articles, count, insert_article, queue
+from tests.tablesdata import ADD_SOURCE, add_articles, count, entries, insert_article, queue
 
 WORKER_LOCK = 0x6B627073
 
@@ -166,9 +166,10 @@ def test_only_changes_of_what_the_source_reads_are_queued(
     assert queue(conn) == []
     conn.execute("update public.articles set body = 'Permits are renewed online.' where id = 1")
     conn.execute("update public.articles set tags = '{parking,permits}' where id = 1")
-    for _ in range(50):  # one entry per key, however often it changes
+    for _ in range(50):  # an entry per change (the queue is a log), the key taken once
         conn.execute("update public.articles set updated_at = clock_timestamp() where id = 1")
     assert queue(conn) == [(["1"], "U")]
+    assert entries(conn) == 52
     insert_article(conn, 4, "New", "A new article.")
     conn.execute("delete from public.articles where id = 2")
     conn.execute(
@@ -283,6 +284,68 @@ def test_claims_are_one_workers_and_a_new_change_waits_for_the_claim(committed: 
         # a worker whose session lock is free is gone: its claims go back to the queue
         assert count(w, "select kb._source_reclaim(3)") == 2
         assert sorted(k for k, _ in queue(app)) == [["10"], ["12"]]
+
+
+def test_a_claim_takes_a_key_once_with_its_first_change(committed: str) -> None:
+    with (
+        kdb.connect(committed, autocommit=True) as app,
+        kdb.connect(committed, autocommit=True) as w,
+    ):
+        insert_article(app, 10, "t", "body")
+        for i in range(3):
+            app.execute("update public.articles set body = %s where id = 10", (f"v{i}",))
+        app.execute("update public.articles set body = 'changed' where id = 1")
+        assert entries(app) == 5
+        rows = w.execute(
+            "select key, op from kb._source_claim(1, null, 10) order by key"
+        ).fetchall()
+        assert rows == [(["1"], "U"), (["10"], "I")]
+        assert entries(app) == 0
+
+
+def test_a_key_claimed_by_another_worker_meanwhile_goes_back(committed: str) -> None:
+    """Two workers claiming two entries of one key at the same moment: the second waits for the
+    first's claim to commit, leaves the key to it and puts its entry back, untouched."""
+    with (
+        kdb.connect(committed, autocommit=True) as app,
+        kdb.connect(committed) as first,
+        kdb.connect(committed, autocommit=True) as second,
+    ):
+        insert_article(app, 10, "t", "body")
+        app.execute("update public.articles set body = 'again' where id = 10")
+        # the first worker takes the older entry and has not committed its claim yet
+        assert _claim(first, 1, limit=1) == [["10"]]
+        result: list[list[list[str]]] = []
+        thread = threading.Thread(target=lambda: result.append(_claim(second, 2)))
+        thread.start()
+        time.sleep(0.3)
+        assert thread.is_alive()  # waiting on the first worker's claim of the same key
+        first.commit()
+        thread.join(10)
+        assert result == [[]]
+        assert queue(app) == [(["10"], "U")]
+        assert count(app, "select count(*) from kb.source_claims where worker = 1") == 1
+
+
+def test_a_downgrade_keeps_each_keys_first_entry(committed: str) -> None:
+    """Revision 0026 keyed the queue by key: going back keeps each key's earliest entry, and the
+    claim of this revision works on either layout."""
+    with kdb.connect(committed, autocommit=True) as app:
+        insert_article(app, 10, "t", "body")
+        app.execute("update public.articles set body = 'again' where id = 10")
+        app.execute("update public.articles set body = 'changed' where id = 1")
+        assert entries(app) == 3
+    kdb.downgrade(committed, "0026")
+    with kdb.connect(committed, autocommit=True) as app:
+        assert entries(app) == 2
+        assert queue(app) == [(["10"], "I"), (["1"], "U")]
+        app.execute("update public.articles set body = 'once more' where id = 10")  # deduped
+        assert entries(app) == 2
+        assert _claim(app, 1) == [["1"], ["10"]]
+    kdb.upgrade(committed)
+    with kdb.connect(committed, autocommit=True) as app:
+        app.execute("update public.articles set body = 'and again' where id = 1")
+        assert queue(app) == [(["1"], "U")]
 
 
 def test_claims_of_a_live_worker_are_not_reclaimed(committed: str) -> None:
