@@ -1973,21 +1973,24 @@ security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
     -- the queue is a log (revision 0027): a key changed by several statements has an entry for
-    -- each; the batch takes it once, with its earliest entry's op and time
+    -- each; the batch takes the key once, with its earliest entry's op and time
     with picked as (
-        select q.ctid as entry
+        select q.source_id, q.key
           from kb.source_queue q
          where (_source_claim.source_ids is null or q.source_id = any (_source_claim.source_ids))
            -- one worker per key at a time: a key changed again while claimed waits its turn
+           -- (compared as keys: the claims are few, a backlog's entries are not hashed one by one)
            and not exists (select 1 from kb.source_claims c
-                            where c.source_id = q.source_id and c.key_hash = kb._source_key_hash(q.key))
+                            where c.source_id = q.source_id and c.key = q.key)
          order by q.enqueued_at
          limit _source_claim.max_rows
          for update of q skip locked
     ), taken as (
+        -- every entry of the picked keys this statement sees: the worker reads the rows after
+        -- the claim commits, which covers them all (a backlog's key is read once, not per entry)
         delete from kb.source_queue q
-         using picked p
-         where q.ctid = p.entry
+         using (select distinct p.source_id, p.key from picked p) k
+         where q.source_id = k.source_id and q.key = k.key
         returning q.ctid as entry, q.source_id, q.key, q.op, q.enqueued_at
     ), firsts as (
         -- (entries of one transaction share their time: the first written, which an

@@ -529,7 +529,7 @@ SYNC_RELEASE: Final = "select kb._source_release(%s, %s)"
 SYNC_QUEUED: Final = (
     "select exists (select 1 from kb.source_queue q where q.source_id = any(%(ids)s)"
     " and not exists (select 1 from kb.source_claims c"
-    " where c.source_id = q.source_id and c.key_hash = kb._source_key_hash(q.key)))"
+    " where c.source_id = q.source_id and c.key = q.key))"
     " or exists (select 1 from kb.source_errors e where e.source_id = any(%(ids)s)"
     " and e.retry_at <= now())"
     " or exists (select 1 from kb.table_sources s where s.id = any(%(ids)s)"
