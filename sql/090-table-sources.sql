@@ -1985,12 +1985,19 @@ begin atomic
          order by q.enqueued_at
          limit _source_claim.max_rows
          for update of q skip locked
-    ), taken as (
+    ), entries as (
         -- every entry of the picked keys this statement sees: the worker reads the rows after
-        -- the claim commits, which covers them all (a backlog's key is read once, not per entry)
+        -- the claim commits, which covers them all (a backlog's key is read once, not per
+        -- entry); one another worker has locked is left to it (waiting for it could deadlock
+        -- with its own claim of our entries)
+        select q.ctid as entry
+          from kb.source_queue q
+         where (q.source_id, q.key) in (select p.source_id, p.key from picked p)
+         for update of q skip locked
+    ), taken as (
         delete from kb.source_queue q
-         using (select distinct p.source_id, p.key from picked p) k
-         where q.source_id = k.source_id and q.key = k.key
+         using entries e
+         where q.ctid = e.entry
         returning q.ctid as entry, q.source_id, q.key, q.op, q.enqueued_at
     ), firsts as (
         -- (entries of one transaction share their time: the first written, which an
