@@ -1552,7 +1552,8 @@ begin atomic
            s.key_columns, s.text_column, s.title_column,
            s.groups_column, s.category_column, s.labels_column, s.metadata_columns,
            s.notify, s.version, s.created_at, s.altered_at,
-           (select pg_catalog.count(*) from kb.source_queue q where q.source_id = s.id),
+           -- rows waiting (the queue is a log: a row changed twice has two entries)
+           (select pg_catalog.count(distinct q.key) from kb.source_queue q where q.source_id = s.id),
            (select pg_catalog.count(*) from kb.source_claims c where c.source_id = s.id),
            (select pg_catalog.count(*) from kb.source_errors e where e.source_id = s.id),
            (select pg_catalog.min(q.enqueued_at) from kb.source_queue q where q.source_id = s.id),

@@ -296,6 +296,8 @@ def test_a_claim_takes_a_key_once_with_its_first_change(committed: str) -> None:
             app.execute("update public.articles set body = %s where id = 10", (f"v{i}",))
         app.execute("update public.articles set body = 'changed' where id = 1")
         assert entries(app) == 5
+        # kbpg sources list counts the rows waiting, not the entries
+        assert count(app, "select queued from kb.list_table_sources('articles')") == 2
         # a batch of one entry takes its key's every entry: the row is read once for them all
         rows = w.execute("select key, op from kb._source_claim(1, null, 1)").fetchall()
         assert rows == [(["10"], "I")]
