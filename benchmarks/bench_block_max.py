@@ -71,14 +71,13 @@ select b.block_no, b.impacts::text
  order by b.block_no
 """
 UNCACHED = """
-select c.id, l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / l.avgdl))
+select c.id, s.score
   from kb.chunks c
- cross join lateral (select coalesce(pg_catalog.array_length(x.positions, 1), 1)::float8 as tf
-                       from pg_catalog.unnest(c.tsv) as x where x.lexeme = %(lexeme)s) u
- cross join (select pg_catalog.ln(1 + (s.chunk_count - t.doc_freq + 0.5) / (t.doc_freq + 0.5)) as idf,
-                    s.total_tokens::float8 / greatest(s.chunk_count, 1) as avgdl
-               from kb.corpus_stats s, kb.lexeme_stats t where t.lexeme = %(lexeme)s) l
- where c.tsv @@ pg_catalog.to_tsquery('simple', pg_catalog.quote_literal(%(lexeme)s))
+ cross join (select pg_catalog.ln(1 + (x.chunk_count - t.doc_freq + 0.5) / (t.doc_freq + 0.5)) as idf,
+                    x.total_tokens::float8 / greatest(x.chunk_count, 1) as avgdl
+               from kb.corpus_stats x, kb.lexeme_stats t where t.lexeme = %(lexeme)s) l
+ cross join lateral kb._bm25_score(c.tsv, c.token_count, array[%(lexeme)s], array[l.idf], l.avgdl) s
+ where c.tsv @@ kb._lexemes_tsquery(array[%(lexeme)s])
  order by c.id
 """
 
