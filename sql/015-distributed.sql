@@ -231,14 +231,14 @@ begin
     -- keep it: cached chunks whose text changed are scored exactly until the next refresh,
     -- which rebuilds the blocks holding changed or deleted chunks
     execute pg_catalog.format('select s.watermark, s.block_size from %s s',
-                              kb._shard_peer(tg_relid, 'kb.lexical_state'))
+                              kb._shard_peer(tg_relid, 'kb_data.lexical_state'))
        into state;
     if tg_op = 'UPDATE' then
         execute pg_catalog.format(
             'insert into %s (document_id, chunk_id) '
             'select n.document_id, n.id from %s and n.id operator(pg_catalog.<=) $1 '
             'on conflict do nothing',
-            kb._shard_peer(tg_relid, 'kb.lexical_pending'), changed)
+            kb._shard_peer(tg_relid, 'kb_data.lexical_pending'), changed)
         using state.watermark;
     end if;
     execute pg_catalog.format(
@@ -246,7 +246,7 @@ begin
         'select distinct o.document_id, (o.id operator(pg_catalog./) $2)::integer from %s '
         '   and o.id operator(pg_catalog.<=) $1 '
         'on conflict do nothing',
-        kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'),
+        kb._shard_peer(tg_relid, 'kb_data.lexical_dirty_blocks'),
         case when tg_op = 'UPDATE' then changed else 'old_rows o where true' end)
     using state.watermark, state.block_size;
     return null;
@@ -272,8 +272,8 @@ begin
     end if;
     stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
     execute pg_catalog.format('truncate %s, %s, %s', stats_shard,
-                              kb._shard_peer(tg_relid, 'kb.lexical_pending'),
-                              kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'));
+                              kb._shard_peer(tg_relid, 'kb_data.lexical_pending'),
+                              kb._shard_peer(tg_relid, 'kb_data.lexical_dirty_blocks'));
     -- the impact cache lives on the coordinator, out of reach: the reset time tells the lexical
     -- arm that the cache predates it (ids may restart below the watermark), until a refresh
     execute pg_catalog.format(

@@ -137,7 +137,7 @@ begin
         update kb.language set name = chosen, changed_at = pg_catalog.now();
         -- the trigger carries the language (no lookup per row); CREATE OR REPLACE TRIGGER takes
         -- the same lock as above, never one that blocks searches
-        execute format('create or replace trigger chunks_text_search before insert or update on kb.chunks '
+        execute format('create or replace trigger chunks_text_search before insert or update on kb_data.chunks '
                        'for each row execute function kb._chunks_text_search_language(%L)', chosen);
     else
         -- nothing to re-analyse

@@ -77,7 +77,7 @@ declare
     scan_docs bigint[];
     scan_distances double precision[];
     scan_sql text;
-    rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    rls constant boolean := pg_catalog.row_security_active('kb_data.chunks'::pg_catalog.regclass);
 begin
     perform kb._check_match_count(_search_vector.match_count);
     if _search_vector.min_similarity is null
@@ -128,7 +128,9 @@ begin
         when 'binary' then pg_catalog.format(
             '(@extschema:vector@.binary_quantize(c.embedding)::bit(%1$s)) operator(@extschema:vector@.<~>) '
             '(@extschema:vector@.binary_quantize({q})::bit(%1$s))', space_dimension)
-        else exact_sql end;
+        else pg_catalog.format(
+            '(c.embedding::@extschema:vector@.vector(%1$s)) operator(@extschema:vector@.<=>) ({q}::@extschema:vector@.vector(%1$s))',
+            space_dimension) end;
     -- the index's candidates: with the chunks tied at the cut (a duplicated text's vectors),
     -- so that the ranking below picks among them by id, as every other cut does (LIMIT keeps
     -- whichever of them a plan meets first: one server and a cluster, or two plans, picked

@@ -299,7 +299,7 @@ declare
     -- not leakproof, so the planner filters after the policy: a scan of every chunk): rare
     -- terms and small queries go through the impact cache too, whose rows are split by
     -- visibility class, so its sums hold only the chunks this role may read
-    rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    rls constant boolean := pg_catalog.row_security_active('kb_data.chunks'::pg_catalog.regclass);
     -- the distributed layout (Citus, sql/015): statistics summed over the shards in one
     -- statement, and the chunks the cache does not cover read with the candidates
     distributed constant boolean := kb._distributed();

@@ -29,8 +29,8 @@ set search_path = pg_catalog, pg_temp
 -- a string body, here and below: a SQL-standard one would make the function depend on the
 -- tables it names, which Citus cannot distribute then (migration 0015)
 as $$
-select array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
-             'kb.lexical_blocks'::regclass]
+select array['kb_data.documents'::regclass, 'kb_data.chunks'::regclass, 'kb_data.edges'::regclass,
+             'kb_data.lexical_blocks'::regclass]
 $$;
 comment on function kb._access_tables() is
     'The tables a reader can reach that hold per-chunk data: row-level security goes on and off '
@@ -42,7 +42,7 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass $$;
+as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb_data.chunks'::regclass $$;
 comment on function kb._access_enforced() is
     'True while row-level security is on for kb.chunks (kb.access_enable()).';
 
@@ -135,7 +135,7 @@ begin
         -- nor which table a source reads (issue 38: a writer who pointed a source at a temp table
         -- of its own ran its code as the owner): sources change through the SECURITY DEFINER
         -- helpers of sql/090, which check the caller and what they write
-        if pg_catalog.to_regclass('kb.table_sources') is not null then
+        if pg_catalog.to_regclass('kb_data.table_sources') is not null then
             execute format('revoke insert, update, delete, truncate on kb.table_sources from %I',
                            writer_name);
         end if;
@@ -311,7 +311,7 @@ declare
     sees_all constant boolean := coalesce(
         (select r.rolsuper from pg_catalog.pg_roles r where r.oid = caller), false)
         or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
-                                                     where c.oid = 'kb.access_grants'::pg_catalog.regclass),
+                                                     where c.oid = 'kb_data.access_grants'::pg_catalog.regclass),
                                            'USAGE'), false);
 begin
     if not pg_catalog.current_setting('transaction_read_only')::boolean then

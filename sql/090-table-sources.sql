@@ -905,7 +905,7 @@ begin
     -- a superuser, the catalog's owner (or a role that may use it), the writer role by its OID
     if coalesce((select r.rolsuper from pg_catalog.pg_roles r where r.oid = caller), false)
        or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
-                                                    where c.oid = 'kb.table_sources'::pg_catalog.regclass),
+                                                    where c.oid = 'kb_data.table_sources'::pg_catalog.regclass),
                                           'USAGE'), false)
        or coalesce(pg_catalog.pg_has_role(caller, writer, 'USAGE'), false) then
         return;
@@ -1992,11 +1992,11 @@ begin atomic
         -- entry); one another worker has locked is left to it (waiting for it could deadlock
         -- with its own claim of our entries)
         select q.ctid as entry
-          from kb.source_queue q
+          from kb_data.source_queue q
          where (q.source_id, q.key) in (select p.source_id, p.key from picked p)
          for update of q skip locked
     ), taken as (
-        delete from kb.source_queue q
+        delete from kb_data.source_queue q
          using entries e
          where q.ctid = e.entry
         returning q.ctid as entry, q.source_id, q.key, q.op, q.enqueued_at
