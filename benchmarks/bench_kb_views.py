@@ -1,9 +1,9 @@
 """Issue 39, a layout measured before building: every kb table read through a view that selects
 one knowledge base (not a test; prints numbers).
 
-The plan in docs/knowledge-bases-design.md makes every statement of ~180 functions carry
-`kb_id`. This measures the other way to get there: the tables keep their names' rows for every
-knowledge base (`kb_id` added), and each `kb.<table>` the functions read becomes a view
+The plan in docs/knowledge-bases-design.md made every statement of ~180 functions carry
+`kb_id`. This measures the other way to get there: the tables keep every knowledge base's rows
+(`kb_id` added), and each `kb.<table>` the functions read becomes a view
 
     select * from <table> where kb_id = (select current knowledge base)
 
@@ -12,14 +12,16 @@ kept by bench_search.py (--keep DIR), inside one transaction that is rolled back
 (the kept server is left as it was):
 
   1. `kb_id integer not null default 1` added to every kb table (catalog only), analyzed;
-  2. schema kb_views: a view per kb table as above, and today's sql/010-070 installed there
-     with their table names and calls renamed (relation names given as strings, and the page
-     sample of kb._filtered_rows_estimate, stay on the tables: a view has no pages);
-  3. the same queries through kb (the tables) and kb_views (the views), query by query, order
-     alternated: p50 / p95 of each, the median of the per-query ratio, and whether the ranked
-     ids agree;
+  2. a view per kb table as above, and today's sql/010-070 installed with their table names and
+     calls renamed, in two schemas: kb_views, where every statement reads the views (relation
+     names given as strings, and the page sample of kb._filtered_rows_estimate, stay on the
+     tables: a view has no pages), and kb_views_static, where the text the functions EXECUTE
+     keeps the tables (as if it named the knowledge base itself);
+  3. the same queries through kb (the tables) and both view schemas, query by query, the first
+     of the three rotating with the query: p50 / p95 of each, the median of the per-query ratio
+     to the tables, and whether the ranked ids agree;
   4. the cost of the predicate alone: the vector arm's exact path over a 1% group (the rows
-     sorted by distance), with and without `kb_id = 1`.
+     sorted by distance), with and without `kb_id = ...`.
 
     python benchmarks/bench_search.py --chunks 200000 --keep /tmp/kb200k   # once: the corpus
     python benchmarks/bench_kb_views.py --chunks 200000 --keep /tmp/kb200k

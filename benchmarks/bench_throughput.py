@@ -717,10 +717,17 @@ def report(
     if sql8 and http8 and sql8.searches and http8.searches:
         alone = sql8.cpu["pg"] / sql8.searches
         served = (http8.cpu["pg"] + http8.cpu["server"]) / http8.searches
+        bound = alone / served
         log(
             f"CPU ceiling at 8 clients: PostgreSQL alone {alone * 1000:.1f} ms/search, HTTP"
-            f" (server + PostgreSQL) {served * 1000:.1f}: ratio {alone / served:.2f}"
+            f" (server + PostgreSQL) {served * 1000:.1f}: ratio {bound:.2f}"
             " (the throughput ratio on cores given to these processes alone)"
+        )
+        log(
+            f"HTTP throughput / its CPU bound at 8 clients: {http8.rate / sql8.rate / bound:.2f}"
+            " (target >= 0.90); PostgreSQL CPU a search through HTTP"
+            f" {http8.cpu['pg'] * 1000 / http8.searches:.1f} ms, alone {alone * 1000:.1f} ms"
+            " (target at 1M <= 20)"
         )
         calls = http8.stages.get("batch_count", 0.0)
         if costs and calls:
