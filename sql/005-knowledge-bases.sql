@@ -12,3 +12,18 @@ return coalesce(nullif(pg_catalog.current_setting('kbpg.kb_id', true), ''), '1')
 comment on function kb._current_kb() is
     'The current knowledge base''s id (the setting kbpg.kb_id; 1, default, when unset): the one '
     'the views of schema kb show. Internal.';
+
+create or replace function kb._chunks_relation()
+returns text
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+return '(select * from kb_data.chunks where kb_id operator(pg_catalog.=) '
+       || kb._current_kb()::text || ')';
+comment on function kb._chunks_relation() is
+    'The current knowledge base''s chunks as text for a statement kbpg EXECUTEs: the table with '
+    'the knowledge base as a literal, which the planner pulls up (one plan, a partial index per '
+    'knowledge base usable), not the view kb.chunks, whose expansion every such plan would pay. '
+    'Internal.';

@@ -223,7 +223,8 @@ begin
     share := least(100, 25600 / pages);
     -- also_sql: a condition of the caller's own, a constant of kbpg's code (never input)
     execute format('select pg_catalog.count(*) from kb_data.chunks c tablesample system (%s) repeatable (0) '
-                   'where %s and %s', share, filter_sql, coalesce(also_sql, 'true'))
+                   'where c.kb_id operator(pg_catalog.=) %s and %s and %s',
+                   share, kb._current_kb(), filter_sql, coalesce(also_sql, 'true'))
        into sampled
       using filter_groups, filter_category, filter_labels, visible_groups;
     return pg_catalog.round(sampled * 100 / share);

@@ -192,7 +192,7 @@ begin
             execute pg_catalog.format(
                 case when _search_vector.keep_filtered then
                     'with f as materialized ( '
-                    '    select c.id, c.document_id, %1$s as distance from kb.chunks c where %2$s), '
+                    '    select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c where %2$s), '
                     '  h as (select f.id, f.document_id, f.distance from f '
                     '         where f.distance is not null order by f.distance, f.id limit $5) '
                     'select pg_catalog.array_agg(h.id order by h.distance, h.id), '
@@ -205,7 +205,7 @@ begin
                     '       pg_catalog.array_agg(h.document_id order by h.distance, h.id), '
                     '       pg_catalog.array_agg(h.distance order by h.distance, h.id), '
                     '       null::bigint[] '
-                    '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+                    '  from (select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c '
                     '         where %2$s and c.embedding is not null order by 3, 1 limit $5) h '
                     ' where 1 operator(pg_catalog.-) h.distance >= $6'
                 end,
@@ -231,7 +231,7 @@ begin
                 execute pg_catalog.format(
                     'select pg_catalog.array_agg(x.id), pg_catalog.array_agg(x.document_id), '
                     '       pg_catalog.array_agg(x.distance) '
-                    '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+                    '  from (select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c '
                     '         where %3$s and c.embedding is not null order by %2$s %4$s) x',
                     pg_catalog.replace(exact_sql, '{q}', '$8'), pg_catalog.replace(order_sql, '{q}', '$8'),
                     filter_sql, cut_sql)
@@ -275,7 +275,7 @@ begin
         '  from (select h.id, h.document_id, pg_catalog.min(h.distance) as distance '
         '          from %4$s '
         '               lateral (select x.id, x.document_id, x.distance '
-        '                  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+        '                  from (select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c '
         '                         where %3$s and c.embedding is not null order by %2$s %5$s) x '
         '                 order by x.distance, x.id limit $5) h '
         '         group by h.id, h.document_id '

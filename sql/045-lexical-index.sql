@@ -124,7 +124,7 @@ begin
     execute pg_catalog.format(
         'insert into kb.lexical_filter_slots (cache_id, slot, chunk_id) '
         'select $4, ($5 operator(pg_catalog.+) pg_catalog.row_number() over (order by c.id))::integer, c.id '
-        '  from kb.chunks c '
+        '  from ' || kb._chunks_relation() || ' c '
         ' where %s and c.id operator(pg_catalog.<=) $6 and %s',
         value_sql,
         -- an id range, and the pending ids not in the cache yet (a scan of the value's every

@@ -68,7 +68,7 @@ def queue(conn: psycopg.Connection[Any]) -> list[tuple[list[str], str]]:
         (list(r[0]), str(r[1]))
         for r in conn.execute(
             "select key, op from (select distinct on (source_id, key) source_id, key, op, enqueued_at"
-            "                       from kb.source_queue order by source_id, key, enqueued_at, ctid) q"
+            "                       from kb_data.source_queue order by source_id, key, enqueued_at, ctid) q"
             " order by enqueued_at, key"
         ).fetchall()
     ]

@@ -126,6 +126,7 @@ begin
 end
 $$;
 drop table kb_data.knowledge_bases;
+drop function if exists kb._chunks_relation();
 drop function kb._current_kb();
 drop schema kb_data;
 """

@@ -372,7 +372,7 @@ def test_a_populated_knowledge_base_distributes(
         # distributed: Citus passes no later AFTER TRUNCATE trigger on to the shards)
         for url in (single, many):
             with kdb.connect(url) as conn:
-                conn.execute("truncate kb.documents restart identity cascade")
+                conn.execute("truncate kb_data.documents restart identity cascade")
                 conn.commit()
         _assert_statistics_exact(single, many)
     finally:
@@ -697,7 +697,7 @@ def test_every_write_keeps_bm25_statistics_exact(
     # a TRUNCATE restarting the ids, then a fresh load: the cache is not trusted until refreshed
     for url in (single, many):
         with kdb.connect(url) as conn:
-            conn.execute("truncate kb.documents restart identity cascade")
+            conn.execute("truncate kb_data.documents restart identity cascade")
             conn.commit()
     _assert_statistics_exact(single, many)
     each(lambda kb: ingest_paths(kb.db, kb.models, [source], recursive=True))

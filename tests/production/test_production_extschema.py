@@ -42,7 +42,7 @@ def test_vector_in_schema_extensions_end_to_end(
     with psycopg.connect(url) as conn:
         column = conn.execute(
             "select format_type(atttypid, atttypmod) from pg_attribute"
-            " where attrelid = 'kb.chunks'::regclass and attname = 'embedding'"
+            " where attrelid = 'kb_data.chunks'::regclass and attname = 'embedding'"
         ).fetchone()
         assert column == ("extensions.vector(384)",)
         assert conn.execute(

@@ -395,7 +395,7 @@ def test_security_definer_functions_belong_to_the_owner_and_not_to_public(conn):
         "       has_function_privilege(s.writer_role, p.oid, 'EXECUTE'), p.prolang"
         "  from pg_proc p, pg_class c, kb.access_settings s"
         " where p.pronamespace = 'kb'::regnamespace and p.prosecdef"
-        "   and c.oid = 'kb.chunks'::regclass"
+        "   and c.oid = 'kb_data.chunks'::regclass"
     ).fetchall()
     sources = SOURCE_TRIGGERS | SOURCE_CATALOG
     assert {r[0].split("(")[0] for r in rows if r[0] not in sources} == READER_API

@@ -27,7 +27,7 @@ select count(*) from kb.chunks c
 SNAPSHOT = """
 select (select name from kb.language),
        (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger t
-         where t.tgrelid = 'kb.chunks'::regclass and t.tgname = 'chunks_text_search'),
+         where t.tgrelid = 'kb_data.chunks'::regclass and t.tgname = 'chunks_text_search'),
        (select md5(string_agg(tsv::text || ':' || token_count, ',' order by id)) from kb.chunks),
        (select row(chunk_count, total_tokens)::text from kb.corpus_stats),
        (select md5(string_agg(lexeme || ':' || doc_freq, ',' order by lexeme)) from kb.lexeme_stats),
@@ -191,7 +191,7 @@ def test_an_existing_database_keeps_english_through_the_migration(new_database) 
     with kdb.connect(url) as conn:
         trigger = conn.execute(
             "select pg_catalog.pg_get_triggerdef(oid) from pg_catalog.pg_trigger"
-            " where tgrelid = 'kb.chunks'::regclass and tgname = 'chunks_text_search'"
+            " where tgrelid = 'kb_data.chunks'::regclass and tgname = 'chunks_text_search'"
         ).fetchone()
         assert trigger is not None and "kb._chunks_text_search()" in trigger[0]
     kdb.upgrade(url)

@@ -103,7 +103,7 @@ def corpus(conn: psycopg.Connection[Any]) -> tuple[np.ndarray, list[int]]:
     with (
         conn.cursor() as cur,
         cur.copy(
-            "copy kb.chunks (document_id, ordinal, content, groups, embedding) from stdin"
+            "copy kb_data.chunks (document_id, ordinal, content, groups, embedding) from stdin"
         ) as copy,
     ):
         for i, v in enumerate(vectors):

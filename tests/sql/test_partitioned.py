@@ -59,7 +59,7 @@ def test_recount_repairs_the_statistics_after_a_detach(db_url):
     with partitioned(db_url) as conn:
         before = counted_statistics(conn)
         assert bm25_statistics(conn) == before
-        conn.execute("alter table kb.chunks detach partition kb.chunks_t01")
+        conn.execute("alter table kb_data.chunks detach partition kb.chunks_t01")
         # a detach fires no delete trigger: the statistics still count t01's chunks
         assert bm25_statistics(conn) == before
         assert counted_statistics(conn)[0] == (3, before[0][1] // 2)
@@ -78,7 +78,7 @@ def test_index_progress_counts_partitions(db_url, monkeypatch):
         for tenant in TENANTS:
             doc = add_doc(conn, f"{tenant}-doc", category=tenant)
             with conn.cursor().copy(
-                "copy kb.chunks (document_id, ordinal, content, category, embedding) from stdin"
+                "copy kb_data.chunks (document_id, ordinal, content, category, embedding) from stdin"
             ) as copy:
                 for i, v in enumerate(rng.normal(size=(3000, 256))):
                     copy.write_row((doc, i, "c", tenant, "[" + ",".join(map(str, v)) + "]"))

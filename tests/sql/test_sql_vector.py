@@ -180,7 +180,7 @@ def test_another_model_is_refused_with_kb001(conn, space3):
 
 def hnsw_scans(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(
-        "select pg_stat_get_xact_numscans('kb.chunks_embedding_hnsw'::regclass)"
+        "select pg_stat_get_xact_numscans('kb_data.chunks_embedding_hnsw'::regclass)"
     ).fetchone()
     assert row is not None
     return int(row[0])
