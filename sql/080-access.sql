@@ -98,10 +98,14 @@ begin
         -- row-level security, which EXPLAIN ANALYZE saw through): only the reader API
         execute format('revoke all on all tables in schema kb from %I', reader_name);
         execute format('revoke all on all sequences in schema kb from %I', reader_name);
+        -- (the views of schema kb read the tables of kb_data with the caller's rights)
+        execute format('revoke all on all tables in schema kb_data from %I', reader_name);
+        execute format('revoke all on all sequences in schema kb_data from %I', reader_name);
         for col in select a.attrelid::regclass as rel, a.attname
                      from pg_catalog.pg_attribute a
                      join pg_catalog.pg_class c on c.oid = a.attrelid
-                    where c.relnamespace = 'kb'::regnamespace and a.attacl is not null loop
+                    where c.relnamespace in ('kb'::regnamespace, 'kb_data'::regnamespace)
+                      and a.attacl is not null loop
             execute format('revoke all (%I) on %s from %I', col.attname, col.rel, reader_name);
         end loop;
         execute format('revoke execute on all functions in schema kb from %I', reader_name);
@@ -128,6 +132,13 @@ begin
         execute format('grant select, insert, update, delete on all tables in schema kb to %I',
                        writer_name);
         execute format('grant usage, select on all sequences in schema kb to %I', writer_name);
+        -- the views are security_invoker: the writer's rights on the tables under them count
+        execute format('grant select, insert, update, delete on all tables in schema kb_data to %I',
+                       writer_name);
+        execute format('grant usage, select on all sequences in schema kb_data to %I', writer_name);
+        execute format('revoke insert, update, delete, truncate on kb_data.access_grants, '
+                       'kb_data.access_settings, kb_data.language, kb_data.knowledge_bases from %I',
+                       writer_name);
         -- a writer ingests; it does not decide who reads what, nor the language (only
         -- kb.set_language, the owner's, changes it: it re-analyses every chunk with it)
         execute format('revoke insert, update, delete, truncate on kb.access_grants, kb.access_settings, '
@@ -136,8 +147,8 @@ begin
         -- of its own ran its code as the owner): sources change through the SECURITY DEFINER
         -- helpers of sql/090, which check the caller and what they write
         if pg_catalog.to_regclass('kb_data.table_sources') is not null then
-            execute format('revoke insert, update, delete, truncate on kb.table_sources from %I',
-                           writer_name);
+            execute format('revoke insert, update, delete, truncate on kb.table_sources, '
+                           'kb_data.table_sources from %I', writer_name);
         end if;
     end if;
     -- kbpg checks the schema version before it searches or writes
