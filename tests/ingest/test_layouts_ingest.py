@@ -196,7 +196,9 @@ def test_first_load_builds_the_index_after_the_rows(
         conn.execute("drop index kb_data.chunks_embedding_hnsw")
     again = run_kbpg("ingest", str(path), env=cli_env)
     assert again.returncode == 0 and "unchanged 3000" in again.stderr
-    assert rows(db_url, "select to_regclass('kb_data.chunks_embedding_hnsw') is not null") == [(True,)]
+    assert rows(db_url, "select to_regclass('kb_data.chunks_embedding_hnsw') is not null") == [
+        (True,)
+    ]
 
 
 def test_defer_index_only_for_a_load_that_dwarfs_the_knowledge_base(
