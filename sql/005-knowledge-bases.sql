@@ -20,8 +20,12 @@ stable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
-return '(select * from kb_data.chunks where kb_id operator(pg_catalog.=) '
-       || kb._current_kb()::text || ')';
+-- the table alone while it holds one knowledge base: kb_id is its last column, and reading it
+-- deforms every row to its end (0.3-0.6 ms over a 1% group's 2,000 rows at 200k chunks)
+return case when exists (select 1 from kb_data.knowledge_bases k where k.id operator(pg_catalog.<>) 1)
+            then '(select * from kb_data.chunks where kb_id operator(pg_catalog.=) '
+                 || kb._current_kb()::text || ')'
+            else 'kb_data.chunks' end;
 comment on function kb._chunks_relation() is
     'The current knowledge base''s chunks as text for a statement kbpg EXECUTEs: the table with '
     'the knowledge base as a literal, which the planner pulls up (one plan, a partial index per '
