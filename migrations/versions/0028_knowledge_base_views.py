@@ -125,8 +125,8 @@ begin
     end loop;
 end
 $$;
-drop table kb_data.knowledge_bases;
 drop function if exists kb._chunks_relation();
+drop table kb_data.knowledge_bases;
 drop function kb._current_kb();
 drop schema kb_data;
 """
