@@ -54,7 +54,7 @@ begin
         with heap as (
             select c.oid, coalesce(pg_catalog.pg_partition_root(c.oid), c.oid) as owner, c.reltoastrelid
               from pg_catalog.pg_class c
-             where c.relnamespace = 'kb'::pg_catalog.regnamespace and c.relkind = 'r'
+             where c.relnamespace = 'kb_data'::pg_catalog.regnamespace and c.relkind = 'r'
         ), rels as (
             select h.oid, h.owner, 'table' as kind from heap h
             union all

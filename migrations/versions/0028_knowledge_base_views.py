@@ -103,6 +103,21 @@ begin
     end loop;
 end
 $$;
+-- a TRUNCATE of kb_data.chunks empties every knowledge base: its statistics and caches go too
+create or replace function kb._chunks_truncated() returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+begin
+    update kb_data.corpus_stats set chunk_count = 0, total_tokens = 0;
+    truncate kb_data.lexeme_stats, kb_data.lexical_blocks, kb_data.lexical_pending,
+             kb_data.lexical_dirty_blocks, kb_data.lexical_filter_masks,
+             kb_data.lexical_filter_caches, kb_data.lexical_filter_slots, kb_data.lexical_filter_blocks;
+    update kb_data.lexical_state
+       set watermark = 0, avgdl = 1, refreshed_at = null, filter_masks = false, filter_caches = false;
+    return null;
+end
+$fn$;
 """
 
 DOWNGRADE = r"""
@@ -125,6 +140,20 @@ begin
     end loop;
 end
 $$;
+create or replace function kb._chunks_truncated() returns trigger
+language plpgsql
+set search_path = pg_catalog, pg_temp
+as $fn$
+begin
+    update kb.corpus_stats set chunk_count = 0, total_tokens = 0;
+    truncate kb.lexeme_stats, kb.lexical_blocks, kb.lexical_pending, kb.lexical_dirty_blocks,
+             kb.lexical_filter_masks, kb.lexical_filter_caches, kb.lexical_filter_slots,
+             kb.lexical_filter_blocks;
+    update kb.lexical_state
+       set watermark = 0, avgdl = 1, refreshed_at = null, filter_masks = false, filter_caches = false;
+    return null;
+end
+$fn$;
 drop function if exists kb._chunks_relation();
 drop table kb_data.knowledge_bases;
 drop function kb._current_kb();

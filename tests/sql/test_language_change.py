@@ -191,7 +191,7 @@ def test_an_existing_database_keeps_english_through_the_migration(new_database) 
     with kdb.connect(url) as conn:
         trigger = conn.execute(
             "select pg_catalog.pg_get_triggerdef(oid) from pg_catalog.pg_trigger"
-            " where tgrelid = 'kb_data.chunks'::regclass and tgname = 'chunks_text_search'"
+            " where tgrelid = 'kb.chunks'::regclass and tgname = 'chunks_text_search'"
         ).fetchone()
         assert trigger is not None and "kb._chunks_text_search()" in trigger[0]
     kdb.upgrade(url)

@@ -453,7 +453,7 @@ def test_truncate_resets_the_statistics_and_the_cache(conn):
     zipf_corpus(conn, "old", 800, rng, reverse=False)
     conn.execute("update kb.lexical_state set block_size = 100")
     conn.execute("select kb.refresh_lexical_index()")
-    conn.execute("truncate kb_data.documents, kb.chunks restart identity cascade")
+    conn.execute("truncate kb_data.documents, kb_data.chunks restart identity cascade")
     assert bm25_statistics(conn) == ((0, 0), {})
     state = conn.execute(
         "select watermark, (select count(*) from kb.lexical_blocks) from kb.lexical_state"

@@ -42,10 +42,13 @@ def test_the_index_and_cache_first_the_chunks_last(conn, small_kb):
     names = [r[0] for r in rows]
     assert names[0] == "kb_data.chunks_embedding_hnsw"
     assert {r[1] for r in rows} == {"buffer"}  # a few pages: all fit in shared buffers
-    cache = [i for i, n in enumerate(names) if n.startswith("kb.lexical_blocks")]
-    assert cache and max(cache) < names.index("kb.chunks_pkey")  # the cache before other indexes
-    assert names[-1] in ("kb.chunks", "kb.documents") or names[-1].startswith("pg_toast.")
-    assert names.index("kb.chunks") > names.index("kb.documents")  # the biggest table last
+    cache = [i for i, n in enumerate(names) if n.startswith("kb_data.lexical_blocks")]
+    # the cache before other indexes
+    assert cache and max(cache) < names.index("kb_data.chunks_pkey")
+    assert names[-1] in ("kb_data.chunks", "kb_data.documents") or names[-1].startswith("pg_toast.")
+    assert names.index("kb_data.chunks") > names.index(
+        "kb_data.documents"
+    )  # the biggest table last
     assert all(r[2] > 0 for r in rows)
 
 
