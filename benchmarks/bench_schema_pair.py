@@ -20,7 +20,6 @@ its migrations) from the main work tree unless PYTHONPATH says otherwise.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 import time
 from collections.abc import Iterator
@@ -34,44 +33,26 @@ from pgvector.psycopg import register_vector
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_search import (  # noqa: E402
-    POOL,
+    PAIRED_CALLS,
     corpus_arguments,
     database_url,
     load_average,
     log,
-    percentile,
     prewarm,
     query_items,
     read_info,
+    timed_pair,
 )
 
 from kbpg.store import db as kdb  # noqa: E402
 from kbpg.store.embedded import EmbeddedServer  # noqa: E402
 
+# the calls bench_kb_views.py pairs, and a metadata filter (a path neither arm's own filters take)
 CALLS = [
-    ("kb.search hybrid", "select chunk_id from kb.search(%(t)s, %(e)s, 8)"),
-    ("kb.search lexical only", "select chunk_id from kb.search(%(t)s, null, 8)"),
-    (
-        "kb.search hybrid, 1% group",
-        "select chunk_id from kb.search(%(t)s, %(e)s, 8, groups => '{g7}')",
-    ),
-    (
-        "kb.search hybrid, 1% group + category",
-        "select chunk_id from kb.search(%(t)s, %(e)s, 8, groups => '{g7}', category => 'cat7')",
-    ),
+    *PAIRED_CALLS,
     (
         "kb.search hybrid, 1% metadata filter",
-        'select chunk_id from kb.search(%(t)s, %(e)s, 8, filter => \'{"product": "p7"}\')',
-    ),
-    ("kb.search_vector", f"select chunk_id from kb.search_vector(%(e)s, {POOL})"),
-    (
-        "kb.search_vector, 1% group",
-        f"select chunk_id from kb.search_vector(%(e)s, {POOL}, groups => '{{g7}}')",
-    ),
-    ("kb.search_lexical", f"select chunk_id from kb.search_lexical(%(t)s, {POOL})"),
-    (
-        "kb.search_lexical, 1% group",
-        f"select chunk_id from kb.search_lexical(%(t)s, {POOL}, groups => '{{g7}}')",
+        'select chunk_id from {s}.search(%(t)s, %(e)s, 8, filter => \'{{"product": "p7"}}\')',
     ),
 ]
 
@@ -136,22 +117,20 @@ def main() -> None:
             for set_name, items in sets:
                 log(f"-- {set_name} ({len(items)} queries), pass {pass_no} (load {load_average()})")
                 for name, sql in CALLS:
-                    times: dict[str, list[float]] = {"base": [], "changed": []}
-                    same = 0
-                    for i, (text, embedding) in enumerate(items):
-                        ids = {}
-                        for side in ("base", "changed") if i % 2 == 0 else ("changed", "base"):
-                            started = time.perf_counter()
-                            ids[side] = (
-                                conns[side].execute(sql, {"t": text, "e": embedding}).fetchall()
-                            )
-                            times[side].append((time.perf_counter() - started) * 1000)
-                        same += ids["base"] == ids["changed"]
-                    base, changed = times["base"], times["changed"]
-                    ratio = statistics.median(c / b for c, b in zip(changed, base, strict=True))
+
+                    def on(side: str, sql: str = sql) -> Any:
+                        return lambda item: (
+                            conns[side]
+                            .execute(sql.format(s="kb"), {"t": item[0], "e": item[1]})
+                            .fetchall()
+                        )
+
+                    (b50, b95, base_ids), (c50, c95, changed_ids), ratio = timed_pair(
+                        on("base"), on("changed"), items
+                    )
+                    same = sum(a == b for a, b in zip(base_ids, changed_ids, strict=True))
                     log(
-                        f"{name:40} base {statistics.median(base):6.2f} {percentile(base, 0.95):6.2f}"
-                        f"  changed {statistics.median(changed):6.2f} {percentile(changed, 0.95):6.2f}"
+                        f"{name:40} base {b50:6.2f} {b95:6.2f}  changed {c50:6.2f} {c95:6.2f}"
                         f"  changed/base {ratio:.3f}  same ids {same}/{len(items)}"
                     )
 
