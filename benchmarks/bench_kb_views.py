@@ -44,7 +44,7 @@ from pgvector.psycopg import register_vector
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 from bench_search import (  # noqa: E402
-    POOL,
+    PAIRED_CALLS,
     bench_home,
     corpus_arguments,
     database_url,
@@ -54,6 +54,8 @@ from bench_search import (  # noqa: E402
     prewarm,
     query_items,
     read_info,
+    sql_function_names,
+    vector_schema,
 )
 
 from kbpg.store import db as kdb  # noqa: E402
@@ -65,37 +67,6 @@ CURRENT = (
     "create function {s}._current_kb() returns integer language sql stable return"
     " coalesce(nullif(pg_catalog.current_setting('kbpg.kb_id', true), ''), '1')::integer"
 )
-# the calls timed: (name, SQL with {s} for the schema, parameters from (text, embedding))
-CALLS: list[tuple[str, str, Callable[[str, Any], tuple[Any, ...]]]] = [
-    ("kb.search hybrid", "select chunk_id from {s}.search(%s, %s, 8)", lambda t, e: (t, e)),
-    ("kb.search lexical only", "select chunk_id from {s}.search(%s, null, 8)", lambda t, e: (t,)),
-    (
-        "kb.search hybrid, 1% group",
-        "select chunk_id from {s}.search(%s, %s, 8, groups => '{{g7}}')",
-        lambda t, e: (t, e),
-    ),
-    (
-        "kb.search hybrid, 1% group + category",
-        "select chunk_id from {s}.search(%s, %s, 8, groups => '{{g7}}', category => 'cat7')",
-        lambda t, e: (t, e),
-    ),
-    ("kb.search_vector", "select chunk_id from {s}.search_vector(%s, %s)", lambda t, e: (e, POOL)),
-    (
-        "kb.search_vector, 1% group",
-        "select chunk_id from {s}.search_vector(%s, %s, groups => '{{g7}}')",
-        lambda t, e: (e, POOL),
-    ),
-    (
-        "kb.search_lexical",
-        "select chunk_id from {s}.search_lexical(%s, %s)",
-        lambda t, e: (t, POOL),
-    ),
-    (
-        "kb.search_lexical, 1% group",
-        "select chunk_id from {s}.search_lexical(%s, %s, groups => '{{g7}}')",
-        lambda t, e: (t, POOL),
-    ),
-]
 EXACT_PATH = (
     "explain (analyze, format json) select c.id, c.document_id,"
     " c.embedding <=> (select embedding from kb.chunks where id = 777) as distance"
@@ -119,19 +90,16 @@ def add_kb_id(conn: psycopg.Connection[Any]) -> list[str]:
     return tables
 
 
-def install_views(conn: psycopg.Connection[Any], schema: str, tables: list[str]) -> None:
-    """Step 2 (in the caller's transaction): views and functions in `schema`. In SCHEMA_STATIC
-    only the static statements read the views: the text the functions EXECUTE (planned on
-    every call) keeps the tables, as if it carried `kb_id = $n` itself (its cost: step 4)."""
+def install_views(
+    conn: psycopg.Connection[Any], schema: str, tables: list[str], executed_on_tables: bool
+) -> None:
+    """Step 2 (in the caller's transaction): views and functions in `schema`. executed_on_tables:
+    only the static statements read the views, the text the functions EXECUTE (planned on every
+    call) keeps the tables, as if it carried `kb_id = $n` itself (its cost: step 4)."""
     texts = [p.read_text() for p in sorted((ROOT / "sql").glob("0[1-7]*.sql"))]
-    defined = set(re.findall(r"create or replace function kb\.(\w+)", "\n".join(texts)))
-    names = sorted(defined | set(tables), key=len, reverse=True)
+    names = sorted(sql_function_names(texts) | set(tables), key=len, reverse=True)
     renamed = re.compile(r"\bkb\.(" + "|".join(names) + r")\b")
-    row = conn.execute(
-        "select quote_ident(n.nspname) from pg_extension e"
-        " join pg_namespace n on n.oid = e.extnamespace where e.extname = 'vector'"
-    ).fetchone()
-    assert row is not None
+    vector = vector_schema(conn)
     conn.execute(f"create schema {schema}")
     conn.execute("set local search_path = pg_catalog, pg_temp")
     conn.execute(CURRENT.format(s=schema))
@@ -145,8 +113,8 @@ def install_views(conn: psycopg.Connection[Any], schema: str, tables: list[str])
         return renamed.sub(schema + r".\1", text)
 
     for text in texts:
-        text = text.replace("@extschema:vector@", str(row[0]))
-        if schema == SCHEMA_STATIC:
+        text = text.replace(kdb.EXTSCHEMA_VECTOR, vector)
+        if executed_on_tables:
             # comments and string literals (the EXECUTEd text) as they are, the rest renamed
             pieces = re.split(r"(--[^\n]*|'(?:[^']|'')*')", text)
             sql = "".join(p if i % 2 else rename(p) for i, p in enumerate(pieces))
@@ -190,8 +158,8 @@ def main() -> None:
             conn.commit()
             with conn.transaction(force_rollback=True):
                 tables = add_kb_id(conn)
-                install_views(conn, SCHEMA, tables)
-                install_views(conn, SCHEMA_STATIC, tables)
+                install_views(conn, SCHEMA, tables, executed_on_tables=False)
+                install_views(conn, SCHEMA_STATIC, tables, executed_on_tables=True)
                 log(
                     f"kb_id on {len(tables)} tables, a view over each in schemas {SCHEMA} (every"
                     f" statement reads them) and {SCHEMA_STATIC} (the static ones)"
@@ -230,10 +198,12 @@ def run(conn: psycopg.Connection[Any], info: dict[str, Any], args: argparse.Name
     for pass_no in range(1, args.repeat + 1):
         for set_name, items in sets:
             log(f"-- {set_name} ({len(items)} queries), pass {pass_no} (load {load_average()})")
-            for name, sql, params in CALLS:
+            for name, sql in PAIRED_CALLS:
 
-                def in_schema(schema: str, sql: str = sql, params: Any = params) -> Any:
-                    return lambda item: conn.execute(sql.format(s=schema), params(*item)).fetchall()
+                def in_schema(schema: str, sql: str = sql) -> Any:
+                    return lambda item: conn.execute(
+                        sql.format(s=schema), {"t": item[0], "e": item[1]}
+                    ).fetchall()
 
                 runs = rotated([in_schema(schema) for schema in schemas], items)
                 (base_ms, base_ids), *others = runs

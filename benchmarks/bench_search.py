@@ -363,6 +363,47 @@ def timed_both(
         target["kb"] = "kb"
 
 
+# the searches two setups of the same corpus are paired on (bench_kb_views.py, bench_schema_pair.py):
+# (name, SQL with {s} for the schema of kb's functions, %(t)s the query text, %(e)s its embedding)
+PAIRED_CALLS: list[tuple[str, str]] = [
+    ("kb.search hybrid", "select chunk_id from {s}.search(%(t)s, %(e)s, 8)"),
+    ("kb.search lexical only", "select chunk_id from {s}.search(%(t)s, null, 8)"),
+    (
+        "kb.search hybrid, 1% group",
+        "select chunk_id from {s}.search(%(t)s, %(e)s, 8, groups => '{{g7}}')",
+    ),
+    (
+        "kb.search hybrid, 1% group + category",
+        "select chunk_id from {s}.search(%(t)s, %(e)s, 8, groups => '{{g7}}', category => 'cat7')",
+    ),
+    ("kb.search_vector", f"select chunk_id from {{s}}.search_vector(%(e)s, {POOL})"),
+    (
+        "kb.search_vector, 1% group",
+        f"select chunk_id from {{s}}.search_vector(%(e)s, {POOL}, groups => '{{{{g7}}}}')",
+    ),
+    ("kb.search_lexical", f"select chunk_id from {{s}}.search_lexical(%(t)s, {POOL})"),
+    (
+        "kb.search_lexical, 1% group",
+        f"select chunk_id from {{s}}.search_lexical(%(t)s, {POOL}, groups => '{{{{g7}}}}')",
+    ),
+]
+
+
+def vector_schema(conn: psycopg.Connection[Any]) -> str:
+    """The schema pgvector is installed in, quoted (kbpg.store.db.vector_schema's, over psycopg)."""
+    row = conn.execute(
+        "select quote_ident(n.nspname) from pg_extension e"
+        " join pg_namespace n on n.oid = e.extnamespace where e.extname = 'vector'"
+    ).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+def sql_function_names(texts: Sequence[str]) -> set[str]:
+    """The names of the kb functions the sql/ texts define."""
+    return set(re.findall(r"create or replace function kb\.(\w+)", "\n".join(texts)))
+
+
 def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
     """REV's search functions (sql/010-070) in schema kb_before, their calls to one another
     renamed; they read today's kb tables."""
@@ -377,19 +418,15 @@ def install_before(conn: psycopg.Connection[Any], rev: str) -> None:
         for name in sorted(names)
         if re.match(r"sql/0[1-7]\d-", name)
     ]
-    defined = set(re.findall(r"create or replace function kb\.(\w+)", "\n".join(texts)))
+    defined = sql_function_names(texts)
     calls = re.compile(r"\bkb\.(" + "|".join(sorted(defined, key=len, reverse=True)) + r")\b")
-    row = conn.execute(
-        "select quote_ident(n.nspname) from pg_extension e"
-        " join pg_namespace n on n.oid = e.extnamespace where e.extname = 'vector'"
-    ).fetchone()
-    assert row is not None
+    vector = vector_schema(conn)
     with conn.transaction():
         conn.execute("drop schema if exists kb_before cascade")
         conn.execute("create schema kb_before")
         conn.execute("set local search_path = pg_catalog, pg_temp")
         for text in texts:
-            sql = calls.sub(r"kb_before.\1", text.replace("@extschema:vector@", str(row[0])))
+            sql = calls.sub(r"kb_before.\1", text.replace(kdb.EXTSCHEMA_VECTOR, vector))
             conn.execute(sql.encode())
     log(f"{rev}'s functions ({len(defined)}) installed in schema kb_before")
 
