@@ -49,6 +49,33 @@ select pg_catalog.setval(pg_catalog.pg_get_serial_sequence('kb_data.knowledge_ba
 comment on table kb_data.knowledge_bases is
     'The knowledge bases of this database: id 1 is default, the one every kbpg database had.';
 
+-- The embedding column becomes untyped (knowledge bases hold vectors of different dimensions, and
+-- a column under a view cannot change type later): no table rewrite, but its HNSW is built
+-- again, as an expression index for every layout (vector's was on the column itself). This is
+-- the upgrade's long step: minutes at a million chunks (docs/operations.md).
+do $$
+declare
+    space record;
+    options text[];
+begin
+    select dimension, layout into space from kb.embedding_space;
+    -- built again with the parameters it was built with (kbpg index changes them)
+    select c.reloptions into options from pg_catalog.pg_class c
+     where c.oid = pg_catalog.to_regclass('kb.chunks_embedding_hnsw');
+    drop index if exists kb.chunks_embedding_hnsw;
+    alter table kb.chunks alter column embedding type vector;
+    if space.dimension is not null then
+        execute 'create index chunks_embedding_hnsw on kb.chunks using hnsw ('
+             || case space.layout
+                    when 'vector' then format('(embedding::vector(%s)) vector_cosine_ops', space.dimension)
+                    when 'halfvec' then format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
+                    else format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops', space.dimension)
+                end
+             || ')' || coalesce(' with (' || pg_catalog.array_to_string(options, ', ') || ')', '');
+    end if;
+end
+$$;
+
 do $$
 declare
     t record;
@@ -154,6 +181,28 @@ begin
     return null;
 end
 $fn$;
+-- the column typed again, as the first ingest typed it before, with 0027's index
+do $$
+declare
+    space record;
+    options text[];
+begin
+    select dimension, layout into space from kb.embedding_space;
+    select c.reloptions into options from pg_catalog.pg_class c
+     where c.oid = pg_catalog.to_regclass('kb.chunks_embedding_hnsw');
+    if space.dimension is not null then
+        drop index if exists kb.chunks_embedding_hnsw;
+        execute format('alter table kb.chunks alter column embedding type vector(%s)', space.dimension);
+        execute 'create index chunks_embedding_hnsw on kb.chunks using hnsw ('
+             || case space.layout
+                    when 'vector' then 'embedding vector_cosine_ops'
+                    when 'halfvec' then format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
+                    else format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops', space.dimension)
+                end
+             || ')' || coalesce(' with (' || pg_catalog.array_to_string(options, ', ') || ')', '');
+    end if;
+end
+$$;
 drop function if exists kb._chunks_relation();
 drop table kb_data.knowledge_bases;
 drop function kb._current_kb();
