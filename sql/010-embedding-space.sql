@@ -96,7 +96,7 @@ begin
             || kb._vector_index_definition(set_embedding_layout.layout, space.dimension);
     drop index if exists kb_data.chunks_embedding_hnsw;
     alter index kb_data.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
-    update kb.embedding_space set layout = set_embedding_layout.layout;
+    update kb_data.embedding_space set layout = set_embedding_layout.layout where kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb.set_embedding_layout(text) is
@@ -164,7 +164,7 @@ begin
                   hint = format('use the %s embedder, or run `kbpg reembed` to rebuild every vector with %s',
                                 existing.model, model_name);
     end if;
-    insert into kb.embedding_space (model, dimension, layout, languages)
+    insert into kb_data.embedding_space (model, dimension, layout, languages)
     values (model_name, vector_dimension, chosen, kb._model_languages(model_languages));
     execute 'create index if not exists chunks_embedding_hnsw on kb_data.chunks '
             || kb._vector_index_definition(chosen, vector_dimension);
@@ -199,8 +199,8 @@ begin
         vector_dimension);
     lock table kb.embedding_space in exclusive mode;
     drop index if exists kb_data.chunks_embedding_hnsw;
-    update kb.chunks set embedding = null where embedding is not null;
-    delete from kb.embedding_space;
+    update kb_data.chunks set embedding = null where kb_id = (select kb._current_kb()) and (embedding is not null);
+    delete from kb_data.embedding_space where kb_id = (select kb._current_kb());
     perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout,
                                    reset_embedding_space.model_languages);
 end

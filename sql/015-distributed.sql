@@ -28,7 +28,7 @@ security invoker
 -- the shard statistics table exists only in the distributed layout (kbpg db distribute). No SET
 -- clause: every arm asks, and inlined the question costs 2 us instead of 9 (a call with a SET
 -- clause); the body names nothing to look up (a qualified name given as text)
-return pg_catalog.to_regclass('kb.bm25_shard_stats') is not null;
+return pg_catalog.to_regclass('kb_data.bm25_shard_stats') is not null;
 comment on function kb._distributed() is
     'True when this knowledge base has the distributed (Citus) layout of kbpg db distribute.';
 
@@ -200,7 +200,7 @@ begin
             '           pg_catalog.unnest(pg_catalog.tsvector_to_array(o.tsv)) as l'
             ') x group by x.l'
         end;
-    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
+    stats_shard := kb._shard_peer(tg_relid, 'kb_data.bm25_shard_stats');
     anchor := kb._shard_anchor(tg_relid);
     execute pg_catalog.format(
         'with d as (%1$s), '
@@ -270,7 +270,7 @@ begin
     if not kb._is_shard(tg_relid) then
         return null;
     end if;
-    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
+    stats_shard := kb._shard_peer(tg_relid, 'kb_data.bm25_shard_stats');
     execute pg_catalog.format('truncate %s, %s, %s', stats_shard,
                               kb._shard_peer(tg_relid, 'kb_data.lexical_pending'),
                               kb._shard_peer(tg_relid, 'kb_data.lexical_dirty_blocks'));
@@ -363,21 +363,21 @@ begin
      where x.dst is not null and x.src <> x.dst
      group by x.src, x.dst, x.relation;
 
-    delete from kb.edges e
-     where e.relation in ('link', 'entity')
+    delete from kb_data.edges e
+     where e.kb_id = (select kb._current_kb()) and (e.relation in ('link', 'entity')
        and (e.src_chunk_id, e.dst_chunk_id, e.relation) in (
                select n.src, n.dst, n.relation from pg_temp.kbpg_derived_now n
                 where not exists (select 1 from pg_temp.kbpg_desired d
-                                   where d.src = n.src and d.dst = n.dst and d.relation = n.relation));
+                                   where d.src = n.src and d.dst = n.dst and d.relation = n.relation)));
     get diagnostics removed = row_count;
-    update kb.edges e set weight = d.weight
+    update kb_data.edges e set weight = d.weight
       from (select d.src, d.dst, d.relation, d.weight
               from pg_temp.kbpg_desired d
               join pg_temp.kbpg_derived_now n
                 on n.src = d.src and n.dst = d.dst and n.relation = d.relation and n.weight <> d.weight) d
-     where e.src_chunk_id = d.src and e.dst_chunk_id = d.dst and e.relation = d.relation;
+     where e.kb_id = (select kb._current_kb()) and (e.src_chunk_id = d.src and e.dst_chunk_id = d.dst and e.relation = d.relation);
     get diagnostics reweighted = row_count;
-    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
+    insert into kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
     select d.src, d.dst, d.relation, d.weight, d.document_id
       from pg_temp.kbpg_desired d
      where not exists (select 1 from pg_temp.kbpg_derived_now n
@@ -637,8 +637,8 @@ begin
     select pg_catalog.count(*) into corrected
       from pg_temp.kbpg_counted t full join pg_temp.kbpg_summed m on m.lexeme = t.lexeme
      where t.doc_freq is distinct from m.doc_freq;
-    delete from kb.bm25_shard_stats;
-    insert into kb.bm25_shard_stats (anchor, lexeme, doc_freq, tokens)
+    delete from kb_data.bm25_shard_stats where kb_id = kb._current_kb();
+    insert into kb_data.bm25_shard_stats (anchor, lexeme, doc_freq, tokens)
     select 0, '', chunks_now, tokens_now
     union all
     select 0, t.lexeme, t.doc_freq, 0 from pg_temp.kbpg_counted t;

@@ -214,10 +214,10 @@ begin
             execute format('create role %I nologin', r);
         end if;
     end loop;
-    update kb.access_settings
+    update kb_data.access_settings
        set reader_role = want_reader, writer_role = want_writer,
            reader_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_reader)),
-           writer_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_writer));
+           writer_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_writer)) where kb_id = (select kb._current_kb());
     perform kb._access_apply_grants();
     return query select want_reader, want_writer;
 end
@@ -236,8 +236,8 @@ set search_path = pg_catalog, pg_temp
 -- no event trigger fires on DROP ROLE: a grant whose role is gone is deleted here, lazily
 as $$
     with gone as (
-        delete from kb.access_grants a
-         where not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id)
+        delete from kb_data.access_grants a
+         where a.kb_id = (select kb._current_kb()) and (not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id))
         returning 1)
     select pg_catalog.count(*) from gone
 $$;
@@ -270,7 +270,7 @@ begin
     perform kb._access_grants_prune();
     return query
     with added as (
-        insert into kb.access_grants as a (role_id, group_name)
+        insert into kb_data.access_grants as a (role_id, group_name)
         select granted, g from pg_catalog.unnest(grant_groups.groups) as g
         on conflict do nothing
         returning a.role_id, a.group_name)
@@ -295,9 +295,9 @@ begin
     perform kb._access_grants_prune();
     return query
     with gone as (
-        delete from kb.access_grants a
-         where a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
-           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
+        delete from kb_data.access_grants a
+         where a.kb_id = (select kb._current_kb()) and (a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
+           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups)))
         returning a.group_name)
     select revoke_groups.role_name, gone.group_name from gone;
 end

@@ -128,13 +128,17 @@ select array(select pg_catalog.nextval(s.documents) from pg_catalog.generate_ser
 """
 ALL_DOCUMENTS: Final = "select id, source from kb.documents"
 UPDATE_DOCUMENT: Final = """
-update kb.documents
+update kb_data.documents
    set title = %s, category = %s, groups = %s, labels = %s, metadata = %s,
        content_hash = %s, updated_at = now()
- where id = %s
+ where kb_id = (select kb._current_kb()) and (id = %s)
 """
-DELETE_CHUNKS_OF: Final = "delete from kb.chunks where document_id = any(%s)"
-DELETE_DOCUMENTS_BY_ID: Final = "delete from kb.documents where id = any(%s)"
+DELETE_CHUNKS_OF: Final = (
+    "delete from kb_data.chunks where kb_id = (select kb._current_kb()) and document_id = any(%s)"
+)
+DELETE_DOCUMENTS_BY_ID: Final = (
+    "delete from kb_data.documents where kb_id = (select kb._current_kb()) and id = any(%s)"
+)
 # COPY writes the given ids into the identity columns (as OVERRIDING SYSTEM VALUE would)
 COPY_DOCUMENTS: Final = (
     "copy kb_data.documents (id, source, title, category, groups, labels, metadata, content_hash)"
@@ -174,7 +178,7 @@ def staged_copy(copy_sql: str) -> tuple[str, str, str, str]:
     return (
         f"create temp table {stage} on commit drop as select {columns} from kb.{table} with no data",
         f"copy {stage} ({columns}) from stdin{options}",
-        f"insert into kb.{table} ({columns}){overriding} select {columns} from {stage}",
+        f"insert into kb_data.{table} ({columns}){overriding} select {columns} from {stage}",
         f"drop table {stage}",
     )
 
@@ -218,19 +222,19 @@ with link_edges as (
      where dst is not null and src <> dst
      group by src, dst, relation
 ), removed as (
-    delete from kb.edges e
-     where e.relation in ('link', 'entity')
+    delete from kb_data.edges e
+     where e.kb_id = (select kb._current_kb()) and (e.relation in ('link', 'entity')
        and not exists (select 1 from desired d where d.src = e.src_chunk_id
-                          and d.dst = e.dst_chunk_id and d.relation = e.relation)
+                          and d.dst = e.dst_chunk_id and d.relation = e.relation))
     returning 1
 ), reweighted as (
-    update kb.edges e set weight = d.weight
+    update kb_data.edges e set weight = d.weight
       from desired d
-     where d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
-       and e.weight <> d.weight
+     where e.kb_id = (select kb._current_kb()) and (d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
+       and e.weight <> d.weight)
     returning 1
 ), added as (
-    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
+    insert into kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
     select d.src, d.dst, d.relation, d.weight, d.document_id from desired d
      where not exists (select 1 from kb.edges e where e.src_chunk_id = d.src
                           and e.dst_chunk_id = d.dst and e.relation = d.relation)
@@ -246,7 +250,7 @@ REFRESH_EDGES_DISTRIBUTED: Final = (
     "link_weight => %(link_weight)s::real, max_docs => %(max_docs)s::integer)"
 )
 # what kb._distributed() asks, without calling it: a reader may execute only the reader API
-DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb.bm25_shard_stats') is not null"
+DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb_data.bm25_shard_stats') is not null"
 
 # -- maintenance ------------------------------------------------------------------------------
 
@@ -263,17 +267,18 @@ DOCUMENT_CHUNKS: Final = (
     " from kb.get_document(variadic %(sources)s::text[])"
 )
 DELETE_DOCUMENT_BY_SOURCE: Final = (
-    "delete from kb.documents where source = any(%s) returning source"
+    "delete from kb_data.documents where kb_id = (select kb._current_kb()) and source = any(%s)"
+    " returning source"
 )
 # a source as given or resolved, or a folder: the documents ingested from under it
 DELETE_DOCUMENTS_BY_PATH: Final = """
-delete from kb.documents d
- where d.source = any(%(sources)s)
+delete from kb_data.documents d
+ where d.kb_id = (select kb._current_kb()) and (d.source = any(%(sources)s)
     or exists (select 1 from pg_catalog.unnest(%(folders)s::text[]) f
-                where pg_catalog.starts_with(d.source, f))
+                where pg_catalog.starts_with(d.source, f)))
 returning d.source
 """
-DELETE_ALL_DOCUMENTS: Final = "delete from kb.documents"
+DELETE_ALL_DOCUMENTS: Final = "delete from kb_data.documents where kb_id = (select kb._current_kb())"
 STATS: Final = (
     "select documents, chunks, chunks_without_embedding, edges, model, dimension, layout,"
     " coalesce(indexed, false), bm25_chunks, bm25_tokens, bm25_lexemes, language from kb.stats()"
@@ -339,7 +344,8 @@ REEMBED_TABLE: Final = (
 REEMBED_READ: Final = "select id, section, content, context from kb.chunks order by id"
 REEMBED_COPY: Final = "copy kbpg_reembed (id, embedding) from stdin (format binary)"
 REEMBED_APPLY: Final = (
-    "update kb.chunks c set embedding = r.embedding from kbpg_reembed r where r.id = c.id"
+    "update kb_data.chunks c set embedding = r.embedding from kbpg_reembed r"
+    " where c.kb_id = (select kb._current_kb()) and r.id = c.id"
 )
 
 # -- eval and status --------------------------------------------------------------------------
@@ -394,8 +400,8 @@ CONTEXT_READ: Final = (
 )
 # the document id too: on a distributed knowledge base it names the one shard to update
 CONTEXT_WRITE: Final = (
-    "update kb.chunks set context = %s, context_key = %s, embedding = %s"
-    " where id = %s and document_id = %s"
+    "update kb_data.chunks set context = %s, context_key = %s, embedding = %s"
+    " where kb_id = (select kb._current_kb()) and id = %s and document_id = %s"
 )
 
 
