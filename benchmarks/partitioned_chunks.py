@@ -131,7 +131,9 @@ def swap_in_partitioned(
             f"create table kb_data.chunks_{tenant} partition of kb_data.chunks"
             f" for values in ('{tenant}'){with_options}"
         )
-    conn.execute("select setval('kb_data.chunks_id_seq', (select max(id) from kb_data.chunks_unpartitioned))")
+    conn.execute(
+        "select setval('kb_data.chunks_id_seq', (select max(id) from kb_data.chunks_unpartitioned))"
+    )
     for trigger in extras.triggers:
         conn.execute(trigger)
     # the statistics are counted again by the triggers on the parent, the cache rebuilt

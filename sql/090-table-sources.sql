@@ -1993,12 +1993,13 @@ begin atomic
         -- with its own claim of our entries)
         select q.ctid as entry
           from kb_data.source_queue q
-         where (q.source_id, q.key) in (select p.source_id, p.key from picked p)
+         where q.kb_id = (select kb._current_kb())
+           and (q.source_id, q.key) in (select p.source_id, p.key from picked p)
          for update of q skip locked
     ), taken as (
         delete from kb_data.source_queue q
          using entries e
-         where q.ctid = e.entry
+         where q.kb_id = (select kb._current_kb()) and q.ctid = e.entry
         returning q.ctid as entry, q.source_id, q.key, q.op, q.enqueued_at
     ), firsts as (
         -- (entries of one transaction share their time: the first written, which an

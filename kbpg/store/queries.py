@@ -278,7 +278,9 @@ delete from kb_data.documents d
                 where pg_catalog.starts_with(d.source, f)))
 returning d.source
 """
-DELETE_ALL_DOCUMENTS: Final = "delete from kb_data.documents where kb_id = (select kb._current_kb())"
+DELETE_ALL_DOCUMENTS: Final = (
+    "delete from kb_data.documents where kb_id = (select kb._current_kb())"
+)
 STATS: Final = (
     "select documents, chunks, chunks_without_embedding, edges, model, dimension, layout,"
     " coalesce(indexed, false), bm25_chunks, bm25_tokens, bm25_lexemes, language from kb.stats()"

@@ -66,10 +66,12 @@ begin
     alter table kb.chunks alter column embedding type vector;
     if space.dimension is not null then
         execute 'create index chunks_embedding_hnsw on kb.chunks using hnsw ('
-             || case space.layout
-                    when 'vector' then format('(embedding::vector(%s)) vector_cosine_ops', space.dimension)
-                    when 'halfvec' then format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
-                    else format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops', space.dimension)
+             || case when space.layout operator(pg_catalog.=) 'vector'
+                         then pg_catalog.format('(embedding::vector(%s)) vector_cosine_ops', space.dimension)
+                         when space.layout operator(pg_catalog.=) 'halfvec'
+                         then pg_catalog.format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
+                         else pg_catalog.format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops',
+                                                space.dimension)
                 end
              || ')' || coalesce(' with (' || pg_catalog.array_to_string(options, ', ') || ')', '');
     end if;
@@ -151,11 +153,23 @@ DOWNGRADE = r"""
 do $$
 declare
     t record;
+    f regprocedure;
 begin
     if exists (select 1 from kb_data.knowledge_bases where id <> 1) then
         raise exception 'this database holds knowledge bases besides default'
             using hint = 'drop them (kbpg kb drop NAME) before downgrading below revision 0028';
     end if;
+    -- the functions bound to the tables of kb_data (SQL-standard bodies that write them): the
+    -- older release's kbpg db upgrade creates its own again
+    for f in select distinct d.objid::pg_catalog.regprocedure
+               from pg_catalog.pg_depend d
+               join pg_catalog.pg_class c on c.oid = d.refobjid
+              where d.classid = 'pg_catalog.pg_proc'::pg_catalog.regclass
+                and d.refclassid = 'pg_catalog.pg_class'::pg_catalog.regclass
+                and c.relnamespace = 'kb_data'::pg_catalog.regnamespace
+    loop
+        execute format('drop function if exists %s cascade', f);
+    end loop;
     for t in select c.relname from pg_catalog.pg_class c
               where c.relnamespace = 'kb_data'::pg_catalog.regnamespace and c.relkind in ('r', 'p')
                 and c.relname <> 'knowledge_bases'
@@ -203,9 +217,26 @@ begin
     end if;
 end
 $$;
+-- the application's side of the table sources keeps working until the older release applies
+-- its own functions: the capture triggers' functions (and each source's compiled one) queue
+-- into kb.source_queue again
+do $$
+declare
+    f oid;
+begin
+    for f in select p.oid from pg_catalog.pg_proc p
+              where p.pronamespace = 'kb'::pg_catalog.regnamespace
+                and p.proname like '\_source\_enqueue%'
+                and p.prosrc like '%kb\_data.source\_queue%'
+    loop
+        execute pg_catalog.replace(pg_catalog.pg_get_functiondef(f), 'kb_data.source_queue',
+                                   'kb.source_queue');
+    end loop;
+end
+$$;
 drop function if exists kb._chunks_relation();
 drop table kb_data.knowledge_bases;
-drop function kb._current_kb();
+drop function kb._current_kb() cascade;  -- with the functions that call it
 drop schema kb_data;
 """
 

@@ -104,7 +104,7 @@ def test_readers_cannot_change_access_and_say_why(kb: dict[str, Any]) -> None:
     assert "Hint: run it as the owner of the kb tables" in done.stderr
     done = run_kbpg("access", "grant", kb["roles"]["alice"], "finance", env=kb["alice"])
     assert done.returncode == 1
-    assert "permission denied for view access_grants" in done.stderr
+    assert "permission denied for table access_grants" in done.stderr
 
 
 def test_bad_access_commands(kb: dict[str, Any]) -> None:

@@ -344,7 +344,9 @@ def test_a_populated_knowledge_base_distributes(
                 "select sum(pg_catalog.pg_relation_size(t::regclass)) from unnest(%s::text[]) t",
                 (DISTRIBUTED + REFERENCE,),
             ).fetchone() == (0,)
-            granted = conn.execute("select role_id::regrole::text, group_name from kb.access_grants")
+            granted = conn.execute(
+                "select role_id::regrole::text, group_name from kb.access_grants"
+            )
             assert {r[1] for r in granted.fetchall()} == set(GRANTED)
         _assert_statistics_exact(single, many)
         _assert_equivalent(single, many, corpus)
@@ -719,7 +721,9 @@ def test_recount_repairs_the_shards_statistics(samples: tuple[str, str, h.Corpus
     _, many, _ = samples
     with kdb.connect(many) as conn:
         # statistics gone wrong behind the triggers' back
-        conn.execute("update kb_data.bm25_shard_stats set doc_freq = doc_freq + 3 where lexeme <> ''")
+        conn.execute(
+            "update kb_data.bm25_shard_stats set doc_freq = doc_freq + 3 where lexeme <> ''"
+        )
         counted = conn.execute("select count(*) from kb.lexeme_stats").fetchone()
         row = conn.execute(
             "select lexemes, lexemes_corrected from kb.recount_bm25_statistics()"

@@ -105,7 +105,11 @@ def test_language_change_on_a_partitioned_table(db_url):
             "select tgrelid::regclass::text, pg_get_triggerdef(oid) from pg_trigger"
             " where tgname = 'chunks_text_search' order by 1"
         ).fetchall()
-        assert [t[0] for t in triggers] == ["kb_data.chunks", "kb_data.chunks_t00", "kb_data.chunks_t01"]
+        assert [t[0] for t in triggers] == [
+            "kb_data.chunks",
+            "kb_data.chunks_t00",
+            "kb_data.chunks_t01",
+        ]
         assert all("_chunks_text_search_language('german')" in t[1] for t in triggers)
         doc = add_doc(conn, "t00-de", category="t00", groups=["t00"])
         add_chunk(conn, doc, "Die Häuser am Fluss")
