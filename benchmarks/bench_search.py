@@ -635,13 +635,13 @@ def restart_for_shared_buffers(admin: str, size: str | None) -> bool:
 PREWARM = """
 with rels as (
     select c.oid from pg_class c
-     where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i')
+     where c.relnamespace::regnamespace::text in ('kb', 'kb_data') and c.relkind in ('r', 'i')
     union all
     select t.oid from pg_class c join pg_class t on t.oid = c.reltoastrelid
-     where c.relnamespace = 'kb'::regnamespace
+     where c.relnamespace::regnamespace::text in ('kb', 'kb_data')
     union all
     select i.indexrelid from pg_class c join pg_index i on i.indrelid = c.reltoastrelid
-     where c.relnamespace = 'kb'::regnamespace
+     where c.relnamespace::regnamespace::text in ('kb', 'kb_data')
 )
 select pg_size_pretty(sum(pg_prewarm(rels.oid)) * current_setting('block_size')::bigint),
        current_setting('shared_buffers')

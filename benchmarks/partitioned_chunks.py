@@ -52,47 +52,49 @@ def rows(conn: psycopg.Connection[Any], sql: str, params: Sequence[Any] = ()) ->
 
 
 class Extras(NamedTuple):
-    """What kb.chunks carries besides its columns (definitions as SQL text)."""
+    """What kb_data.chunks (kb.chunks: a view of it) carries besides its columns (definitions as
+    SQL text)."""
 
     triggers: list[str]
     indexes: list[tuple[str, str]]  # name, definition (the non-unique ones)
     policies: list[tuple[str, str, str, str | None, str | None]]  # also kb.edges' on kb.chunks
-    grants: list[tuple[str, str, str, str]]  # relation, relkind, grantee, privileges
+    grants: list[tuple[str, str, str, str]]  # relation (the view too), relkind, grantee, privileges
     options: str  # reloptions (toast_tuple_target)
 
 
 def read_extras(conn: psycopg.Connection[Any]) -> Extras:
-    """Read while the table is still named kb.chunks, so the definitions name it so."""
+    """Read while the table is still named kb_data.chunks, so the definitions name it so."""
     return Extras(
         [
             r[0]
             for r in rows(
                 conn,
                 "select pg_get_triggerdef(oid) from pg_trigger"
-                " where tgrelid = 'kb.chunks'::regclass and not tgisinternal order by tgname",
+                " where tgrelid = 'kb_data.chunks'::regclass and not tgisinternal order by tgname",
             )
         ],
         rows(
             conn,
             "select i.indexrelid::regclass::text, pg_get_indexdef(i.indexrelid) from pg_index i"
-            " where i.indrelid = 'kb.chunks'::regclass and not i.indisunique",
+            " where i.indrelid = 'kb_data.chunks'::regclass and not i.indisunique",
         ),
         rows(
             conn,
             "select tablename, policyname, cmd, qual, with_check from pg_policies"
-            " where schemaname = 'kb' and (tablename = 'chunks' or qual ~ 'kb\\.chunks\\M')",
+            " where schemaname = 'kb_data' and (tablename = 'chunks' or qual ~ 'kb(_data)?\\.chunks\\M')",
         ),
         rows(
             conn,
             "select c.oid::regclass::text, c.relkind::text, a.grantee::regrole::text,"
             " string_agg(a.privilege_type, ', ') from pg_class c cross join aclexplode(c.relacl) a"
-            " where c.oid in ('kb.chunks'::regclass, 'kb.chunks_id_seq'::regclass)"
+            " where c.oid in ('kb.chunks'::regclass, 'kb_data.chunks'::regclass,"
+            " 'kb_data.chunks_id_seq'::regclass)"
             " and a.grantee not in (0, c.relowner) group by 1, 2, 3",
         ),
         rows(
             conn,
             "select coalesce(array_to_string(reloptions, ', '), '') from pg_class"
-            " where oid = 'kb.chunks'::regclass",
+            " where oid = 'kb_data.chunks'::regclass",
         )[0][0],
     )
 
@@ -100,36 +102,38 @@ def read_extras(conn: psycopg.Connection[Any]) -> Extras:
 def swap_in_partitioned(
     conn: psycopg.Connection[Any], extras: Extras, tenants: Sequence[str]
 ) -> None:
-    """The old table becomes kb.chunks_unpartitioned; a partitioned kb.chunks (same columns,
+    """The old table becomes kb_data.chunks_unpartitioned; a partitioned kb_data.chunks (same columns,
     the partition key in its keys, one partition a tenant) takes its name and triggers."""
     for name, _ in extras.indexes:
         conn.execute(f"drop index {name}")
-    conn.execute("alter table kb.chunks rename to chunks_unpartitioned")
-    conn.execute("alter index kb.chunks_pkey rename to chunks_unpartitioned_pkey")
+    conn.execute("alter table kb_data.chunks rename to chunks_unpartitioned")
+    conn.execute("alter index kb_data.chunks_pkey rename to chunks_unpartitioned_pkey")
     conn.execute(
-        "alter index kb.chunks_document_id_ordinal_key"
+        "alter index kb_data.chunks_document_id_ordinal_key"
         " rename to chunks_unpartitioned_document_id_ordinal_key"
     )
-    conn.execute("alter sequence kb.chunks_id_seq rename to chunks_unpartitioned_id_seq")
+    conn.execute("alter sequence kb_data.chunks_id_seq rename to chunks_unpartitioned_id_seq")
     conn.execute(
-        "create table kb.chunks (like kb.chunks_unpartitioned including defaults"
+        "create table kb_data.chunks (like kb_data.chunks_unpartitioned including defaults"
         " including identity including constraints including storage including compression"
         " including comments) partition by list (category)"
     )
     conn.execute(
-        "alter table kb.chunks add constraint chunks_pkey primary key (id, category),"
+        "alter table kb_data.chunks add constraint chunks_pkey primary key (id, category),"
         " add constraint chunks_document_id_ordinal_key unique (document_id, ordinal, category),"
         " add constraint chunks_document_id_fkey foreign key (document_id)"
-        " references kb.documents (id) on delete cascade"
+        " references kb_data.documents (id) on delete cascade"
     )
     # a partitioned table takes no storage parameters: each partition does
     with_options = f" with ({extras.options})" if extras.options else ""
     for tenant in tenants:
         conn.execute(
-            f"create table kb.chunks_{tenant} partition of kb.chunks"
+            f"create table kb_data.chunks_{tenant} partition of kb_data.chunks"
             f" for values in ('{tenant}'){with_options}"
         )
-    conn.execute("select setval('kb.chunks_id_seq', (select max(id) from kb.chunks_unpartitioned))")
+    conn.execute(
+        "select setval('kb_data.chunks_id_seq', (select max(id) from kb_data.chunks_unpartitioned))"
+    )
     for trigger in extras.triggers:
         conn.execute(trigger)
     # the statistics are counted again by the triggers on the parent, the cache rebuilt
@@ -147,16 +151,16 @@ def copy_rows(conn: psycopg.Connection[Any]) -> float:
         r[0]
         for r in rows(
             conn,
-            "select quote_ident(attname) from pg_attribute where attrelid = 'kb.chunks'::regclass"
+            "select quote_ident(attname) from pg_attribute where attrelid = 'kb_data.chunks'::regclass"
             " and attnum > 0 and not attisdropped order by attnum",
         )
     )
-    (max_id,) = rows(conn, "select coalesce(max(id), 0) from kb.chunks_unpartitioned")[0]
+    (max_id,) = rows(conn, "select coalesce(max(id), 0) from kb_data.chunks_unpartitioned")[0]
     started = time.perf_counter()
     for low in range(0, max_id + 1, 20000):
         conn.execute(
-            f"insert into kb.chunks ({columns}) overriding system value select {columns}"
-            " from kb.chunks_unpartitioned where id >= %s and id < %s order by id",
+            f"insert into kb_data.chunks ({columns}) overriding system value select {columns}"
+            " from kb_data.chunks_unpartitioned where id >= %s and id < %s order by id",
             (low, low + 20000),
         )
     return time.perf_counter() - started
@@ -165,12 +169,12 @@ def copy_rows(conn: psycopg.Connection[Any]) -> float:
 def add_reference_tenants(conn: psycopg.Connection[Any]) -> None:
     """Each table referencing a chunk gets the chunk's tenant beside its id."""
     for table, id_column, tenant_column in REFERENCES:
-        conn.execute(f"alter table kb.{table} add column {tenant_column} text")
+        conn.execute(f"alter table kb_data.{table} add column {tenant_column} text")
         conn.execute(
-            f"update kb.{table} r set {tenant_column} = c.category"
-            f" from kb.chunks c where c.id = r.{id_column}"
+            f"update kb_data.{table} r set {tenant_column} = c.category"
+            f" from kb_data.chunks c where c.id = r.{id_column}"
         )
-        conn.execute(f"alter table kb.{table} alter column {tenant_column} set not null")
+        conn.execute(f"alter table kb_data.{table} alter column {tenant_column} set not null")
 
 
 def add_reference_keys(conn: psycopg.Connection[Any]) -> None:
@@ -183,19 +187,19 @@ def add_reference_keys(conn: psycopg.Connection[Any]) -> None:
         fill = ""
         for id_column, tenant_column in pairs:
             conn.execute(
-                f"alter table kb.{table} add foreign key ({id_column}, {tenant_column})"
-                " references kb.chunks (id, category) on delete cascade on update cascade"
+                f"alter table kb_data.{table} add foreign key ({id_column}, {tenant_column})"
+                " references kb_data.chunks (id, category) on delete cascade on update cascade"
             )
             fill += (
                 f"if new.{tenant_column} is null then select c.category into new.{tenant_column}"
-                f" from kb.chunks c where c.id = new.{id_column}; end if;\n"
+                f" from kb_data.chunks c where c.id = new.{id_column}; end if;\n"
             )
         conn.execute(
             f"create function kb._{table}_tenant() returns trigger language plpgsql"
             f" set search_path = pg_catalog, pg_temp as $$ begin {fill} return new; end $$"
         )
         conn.execute(
-            f"create trigger {table}_tenant before insert on kb.{table}"
+            f"create trigger {table}_tenant before insert on kb_data.{table}"
             f" for each row execute function kb._{table}_tenant()"
         )
 
@@ -215,13 +219,18 @@ def partition_chunks(
     dropped: list[str] = []
     conn.add_notice_handler(lambda d: dropped.append(d.message_detail or ""))
     conn.execute("set client_min_messages = notice")
-    conn.execute("drop table kb.chunks_unpartitioned cascade")
+    conn.execute("drop table kb_data.chunks_unpartitioned cascade")
     conn.execute("reset client_min_messages")
     timings["dropped"] = [line for text in dropped for line in text.splitlines()]
+    # the view of the current knowledge base's chunks (revision 0028) went with the old table
+    conn.execute(
+        "create view kb.chunks with (security_invoker = true) as select * from kb_data.chunks"
+        " where kb_id = (select kb._current_kb()) with cascaded check option"
+    )
     add_reference_keys(conn)
     for table, name, cmd, qual, check in extras.policies:
         conn.execute(
-            f"create policy {name} on kb.{table} for {cmd} to public"
+            f"create policy {name} on kb_data.{table} for {cmd} to public"
             + (f" using ({qual})" if qual else "")
             + (f" with check ({check})" if check else "")
         )
@@ -233,7 +242,7 @@ def partition_chunks(
     kdb.upgrade(url)
     started = time.perf_counter()
     for name, definition in extras.indexes:
-        if not build or name not in ("kb.chunks_tsv_gin", "kb.chunks_embedding_hnsw"):
+        if not build or name not in ("kb_data.chunks_tsv_gin", "kb_data.chunks_embedding_hnsw"):
             conn.execute(definition)
     conn.commit()
     timings["filter_indexes_s"] = time.perf_counter() - started

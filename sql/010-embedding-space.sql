@@ -61,7 +61,8 @@ set search_path = pg_catalog, pg_temp
 -- m 16 / ef_construction 64: pgvector's defaults (build 65 s for 200k 384-d vectors, 2 cores)
 return 'using hnsw ('
     || case layout
-           when 'vector' then 'embedding @extschema:vector@.vector_cosine_ops'
+           when 'vector' then format('(embedding::@extschema:vector@.vector(%s)) @extschema:vector@.vector_cosine_ops',
+                                     vector_dimension)
            when 'halfvec' then format('(embedding::@extschema:vector@.halfvec(%s)) @extschema:vector@.halfvec_cosine_ops',
                                       vector_dimension)
            when 'binary' then format('(@extschema:vector@.binary_quantize(embedding)::bit(%s)) @extschema:vector@.bit_hamming_ops',
@@ -90,12 +91,12 @@ begin
     perform kb._check_vector_layout(set_embedding_layout.layout, space.dimension);
     -- build the new index beside the old one (searches keep using the old index and layout until
     -- this transaction commits: CREATE INDEX blocks writers, not readers), then swap
-    drop index if exists kb.chunks_embedding_hnsw_new;
-    execute 'create index chunks_embedding_hnsw_new on kb.chunks '
+    drop index if exists kb_data.chunks_embedding_hnsw_new;
+    execute 'create index chunks_embedding_hnsw_new on kb_data.chunks '
             || kb._vector_index_definition(set_embedding_layout.layout, space.dimension);
-    drop index if exists kb.chunks_embedding_hnsw;
-    alter index kb.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
-    update kb.embedding_space set layout = set_embedding_layout.layout;
+    drop index if exists kb_data.chunks_embedding_hnsw;
+    alter index kb_data.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
+    update kb_data.embedding_space set layout = set_embedding_layout.layout where kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb.set_embedding_layout(text) is
@@ -163,11 +164,9 @@ begin
                   hint = format('use the %s embedder, or run `kbpg reembed` to rebuild every vector with %s',
                                 existing.model, model_name);
     end if;
-    insert into kb.embedding_space (model, dimension, layout, languages)
+    insert into kb_data.embedding_space (model, dimension, layout, languages)
     values (model_name, vector_dimension, chosen, kb._model_languages(model_languages));
-    execute format('alter table kb.chunks alter column embedding type @extschema:vector@.vector(%s)',
-                   vector_dimension);
-    execute 'create index if not exists chunks_embedding_hnsw on kb.chunks '
+    execute 'create index if not exists chunks_embedding_hnsw on kb_data.chunks '
             || kb._vector_index_definition(chosen, vector_dimension);
 end
 $$;
@@ -199,10 +198,9 @@ begin
         coalesce(reset_embedding_space.layout, kb.default_vector_layout(vector_dimension)),
         vector_dimension);
     lock table kb.embedding_space in exclusive mode;
-    drop index if exists kb.chunks_embedding_hnsw;
-    update kb.chunks set embedding = null where embedding is not null;
-    delete from kb.embedding_space;
-    execute 'alter table kb.chunks alter column embedding type @extschema:vector@.vector';
+    drop index if exists kb_data.chunks_embedding_hnsw;
+    update kb_data.chunks set embedding = null where kb_id = (select kb._current_kb()) and (embedding is not null);
+    delete from kb_data.embedding_space where kb_id = (select kb._current_kb());
     perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout,
                                    reset_embedding_space.model_languages);
 end

@@ -41,7 +41,7 @@ set search_path = pg_catalog, pg_temp
 as $$ select coalesce((select r.rolsuper or r.rolbypassrls from pg_catalog.pg_roles r where r.oid = caller), false)
     -- the tables' owner, and every role that may use it (as for row-level security)
     or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
-                                                 where c.oid = pg_catalog.to_regclass('kb.chunks')),
+                                                 where c.oid = pg_catalog.to_regclass('kb_data.chunks')),
                                        'USAGE'), false)
     -- the writer role by its OID: a role dropped and re-created under its name is not it
     or coalesce((select pg_catalog.pg_has_role(caller, r.oid, 'USAGE')
@@ -72,7 +72,7 @@ stable
 security invoker
 set search_path = pg_catalog, pg_temp
 return case when not (select c.relrowsecurity from pg_catalog.pg_class c
-                       where c.oid = pg_catalog.to_regclass('kb.chunks'))
+                       where c.oid = pg_catalog.to_regclass('kb_data.chunks'))
                  or kb._access_reads_all_as(kb._access_caller())
             then null
             else kb._access_groups_of(kb._access_caller()) end;

@@ -28,7 +28,7 @@ security invoker
 -- the shard statistics table exists only in the distributed layout (kbpg db distribute). No SET
 -- clause: every arm asks, and inlined the question costs 2 us instead of 9 (a call with a SET
 -- clause); the body names nothing to look up (a qualified name given as text)
-return pg_catalog.to_regclass('kb.bm25_shard_stats') is not null;
+return pg_catalog.to_regclass('kb_data.bm25_shard_stats') is not null;
 comment on function kb._distributed() is
     'True when this knowledge base has the distributed (Citus) layout of kbpg db distribute.';
 
@@ -200,7 +200,7 @@ begin
             '           pg_catalog.unnest(pg_catalog.tsvector_to_array(o.tsv)) as l'
             ') x group by x.l'
         end;
-    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
+    stats_shard := kb._shard_peer(tg_relid, 'kb_data.bm25_shard_stats');
     anchor := kb._shard_anchor(tg_relid);
     execute pg_catalog.format(
         'with d as (%1$s), '
@@ -231,14 +231,14 @@ begin
     -- keep it: cached chunks whose text changed are scored exactly until the next refresh,
     -- which rebuilds the blocks holding changed or deleted chunks
     execute pg_catalog.format('select s.watermark, s.block_size from %s s',
-                              kb._shard_peer(tg_relid, 'kb.lexical_state'))
+                              kb._shard_peer(tg_relid, 'kb_data.lexical_state'))
        into state;
     if tg_op = 'UPDATE' then
         execute pg_catalog.format(
             'insert into %s (document_id, chunk_id) '
             'select n.document_id, n.id from %s and n.id operator(pg_catalog.<=) $1 '
             'on conflict do nothing',
-            kb._shard_peer(tg_relid, 'kb.lexical_pending'), changed)
+            kb._shard_peer(tg_relid, 'kb_data.lexical_pending'), changed)
         using state.watermark;
     end if;
     execute pg_catalog.format(
@@ -246,7 +246,7 @@ begin
         'select distinct o.document_id, (o.id operator(pg_catalog./) $2)::integer from %s '
         '   and o.id operator(pg_catalog.<=) $1 '
         'on conflict do nothing',
-        kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'),
+        kb._shard_peer(tg_relid, 'kb_data.lexical_dirty_blocks'),
         case when tg_op = 'UPDATE' then changed else 'old_rows o where true' end)
     using state.watermark, state.block_size;
     return null;
@@ -270,10 +270,10 @@ begin
     if not kb._is_shard(tg_relid) then
         return null;
     end if;
-    stats_shard := kb._shard_peer(tg_relid, 'kb.bm25_shard_stats');
+    stats_shard := kb._shard_peer(tg_relid, 'kb_data.bm25_shard_stats');
     execute pg_catalog.format('truncate %s, %s, %s', stats_shard,
-                              kb._shard_peer(tg_relid, 'kb.lexical_pending'),
-                              kb._shard_peer(tg_relid, 'kb.lexical_dirty_blocks'));
+                              kb._shard_peer(tg_relid, 'kb_data.lexical_pending'),
+                              kb._shard_peer(tg_relid, 'kb_data.lexical_dirty_blocks'));
     -- the impact cache lives on the coordinator, out of reach: the reset time tells the lexical
     -- arm that the cache predates it (ids may restart below the watermark), until a refresh
     execute pg_catalog.format(
@@ -363,21 +363,21 @@ begin
      where x.dst is not null and x.src <> x.dst
      group by x.src, x.dst, x.relation;
 
-    delete from kb.edges e
-     where e.relation in ('link', 'entity')
+    delete from kb_data.edges e
+     where e.kb_id = (select kb._current_kb()) and (e.relation in ('link', 'entity')
        and (e.src_chunk_id, e.dst_chunk_id, e.relation) in (
                select n.src, n.dst, n.relation from pg_temp.kbpg_derived_now n
                 where not exists (select 1 from pg_temp.kbpg_desired d
-                                   where d.src = n.src and d.dst = n.dst and d.relation = n.relation));
+                                   where d.src = n.src and d.dst = n.dst and d.relation = n.relation)));
     get diagnostics removed = row_count;
-    update kb.edges e set weight = d.weight
+    update kb_data.edges e set weight = d.weight
       from (select d.src, d.dst, d.relation, d.weight
               from pg_temp.kbpg_desired d
               join pg_temp.kbpg_derived_now n
                 on n.src = d.src and n.dst = d.dst and n.relation = d.relation and n.weight <> d.weight) d
-     where e.src_chunk_id = d.src and e.dst_chunk_id = d.dst and e.relation = d.relation;
+     where e.kb_id = (select kb._current_kb()) and (e.src_chunk_id = d.src and e.dst_chunk_id = d.dst and e.relation = d.relation);
     get diagnostics reweighted = row_count;
-    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
+    insert into kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
     select d.src, d.dst, d.relation, d.weight, d.document_id
       from pg_temp.kbpg_desired d
      where not exists (select 1 from pg_temp.kbpg_derived_now n
@@ -637,8 +637,8 @@ begin
     select pg_catalog.count(*) into corrected
       from pg_temp.kbpg_counted t full join pg_temp.kbpg_summed m on m.lexeme = t.lexeme
      where t.doc_freq is distinct from m.doc_freq;
-    delete from kb.bm25_shard_stats;
-    insert into kb.bm25_shard_stats (anchor, lexeme, doc_freq, tokens)
+    delete from kb_data.bm25_shard_stats where kb_id = kb._current_kb();
+    insert into kb_data.bm25_shard_stats (anchor, lexeme, doc_freq, tokens)
     select 0, '', chunks_now, tokens_now
     union all
     select 0, t.lexeme, t.doc_freq, 0 from pg_temp.kbpg_counted t;

@@ -134,10 +134,10 @@ begin
     perform pg_catalog.set_config('kb.language_change', chosen, true);
     perform pg_catalog.set_config('kb.language_change_after', '0', true);
     if before is distinct from chosen then
-        update kb.language set name = chosen, changed_at = pg_catalog.now();
+        update kb_data.language set name = chosen, changed_at = pg_catalog.now() where kb_id = (select kb._current_kb());
         -- the trigger carries the language (no lookup per row); CREATE OR REPLACE TRIGGER takes
         -- the same lock as above, never one that blocks searches
-        execute format('create or replace trigger chunks_text_search before insert or update on kb.chunks '
+        execute format('create or replace trigger chunks_text_search before insert or update on kb_data.chunks '
                        'for each row execute function kb._chunks_text_search_language(%L)', chosen);
     else
         -- nothing to re-analyse
@@ -191,7 +191,7 @@ begin
     with batch as (
         select c.id from kb.chunks c where c.id > after_id order by c.id limit batch_size
     ), updated as (
-        update kb.chunks c set tsv = null from batch b where c.id = b.id returning c.id
+        update kb_data.chunks c set tsv = null from batch b where c.kb_id = (select kb._current_kb()) and (c.id = b.id) returning c.id
     )
     select count(*)::integer, max(u.id) into done, last_id from updated u;
     if done > 0 then

@@ -357,7 +357,7 @@ parallel safe
 security invoker
 -- no SET clause: inlined (see kb._chunk_filter_sql)
 return (select pg_catalog.format(
-                   'exists (select from kb.documents md where md.id operator(pg_catalog.=) %I.document_id and %s)',
+                   'exists (select from kb_data.documents md where md.id operator(pg_catalog.=) %I.document_id and %s)',
                    chunk_alias, kb._metadata_match_sql('md.metadata', p.compiled))
           from kb._metadata_jsonpath(metadata_filter) as p(compiled)
          where p.compiled is not null);
@@ -376,7 +376,7 @@ security invoker
 -- keeps per row (an EXISTS becomes a join, which it drove from the filter's documents: 40
 -- candidates rescored read all 2,000 chunks of a 1% filter at 200k chunks, 4.6 ms against 0.3)
 return (select kb._metadata_match_sql(
-                   pg_catalog.format('(select md.metadata from kb.documents md where md.id operator(pg_catalog.=) %I.document_id)',
+                   pg_catalog.format('(select md.metadata from kb_data.documents md where md.id operator(pg_catalog.=) %I.document_id)',
                                      chunk_alias),
                    p.compiled)
           from kb._metadata_jsonpath(metadata_filter) as p(compiled)

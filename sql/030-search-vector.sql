@@ -77,7 +77,7 @@ declare
     scan_docs bigint[];
     scan_distances double precision[];
     scan_sql text;
-    rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    rls constant boolean := pg_catalog.row_security_active('kb_data.chunks'::pg_catalog.regclass);
 begin
     perform kb._check_match_count(_search_vector.match_count);
     if _search_vector.min_similarity is null
@@ -128,7 +128,9 @@ begin
         when 'binary' then pg_catalog.format(
             '(@extschema:vector@.binary_quantize(c.embedding)::bit(%1$s)) operator(@extschema:vector@.<~>) '
             '(@extschema:vector@.binary_quantize({q})::bit(%1$s))', space_dimension)
-        else exact_sql end;
+        else pg_catalog.format(
+            '(c.embedding::@extschema:vector@.vector(%1$s)) operator(@extschema:vector@.<=>) ({q}::@extschema:vector@.vector(%1$s))',
+            space_dimension) end;
     -- the index's candidates: with the chunks tied at the cut (a duplicated text's vectors),
     -- so that the ranking below picks among them by id, as every other cut does (LIMIT keeps
     -- whichever of them a plan meets first: one server and a cluster, or two plans, picked
@@ -190,7 +192,7 @@ begin
             execute pg_catalog.format(
                 case when _search_vector.keep_filtered then
                     'with f as materialized ( '
-                    '    select c.id, c.document_id, %1$s as distance from kb.chunks c where %2$s), '
+                    '    select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c where %2$s), '
                     '  h as (select f.id, f.document_id, f.distance from f '
                     '         where f.distance is not null order by f.distance, f.id limit $5) '
                     'select pg_catalog.array_agg(h.id order by h.distance, h.id), '
@@ -203,7 +205,7 @@ begin
                     '       pg_catalog.array_agg(h.document_id order by h.distance, h.id), '
                     '       pg_catalog.array_agg(h.distance order by h.distance, h.id), '
                     '       null::bigint[] '
-                    '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+                    '  from (select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c '
                     '         where %2$s and c.embedding is not null order by 3, 1 limit $5) h '
                     ' where 1 operator(pg_catalog.-) h.distance >= $6'
                 end,
@@ -229,7 +231,7 @@ begin
                 execute pg_catalog.format(
                     'select pg_catalog.array_agg(x.id), pg_catalog.array_agg(x.document_id), '
                     '       pg_catalog.array_agg(x.distance) '
-                    '  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+                    '  from (select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c '
                     '         where %3$s and c.embedding is not null order by %2$s %4$s) x',
                     pg_catalog.replace(exact_sql, '{q}', '$8'), pg_catalog.replace(order_sql, '{q}', '$8'),
                     filter_sql, cut_sql)
@@ -273,7 +275,7 @@ begin
         '  from (select h.id, h.document_id, pg_catalog.min(h.distance) as distance '
         '          from %4$s '
         '               lateral (select x.id, x.document_id, x.distance '
-        '                  from (select c.id, c.document_id, %1$s as distance from kb.chunks c '
+        '                  from (select c.id, c.document_id, %1$s as distance from ' || kb._chunks_relation() || ' c '
         '                         where %3$s and c.embedding is not null order by %2$s %5$s) x '
         '                 order by x.distance, x.id limit $5) h '
         '         group by h.id, h.document_id '

@@ -262,7 +262,7 @@ declare
 begin
     return query execute format(
         'select (pg_catalog.row_number() over (order by s.score desc, c.id))::integer, '
-        '       c.id, c.document_id, s.score from kb.chunks c '
+        '       c.id, c.document_id, s.score from ' || kb._chunks_relation() || ' c '
         'cross join lateral kb._bm25_score(c.tsv, c.token_count, $4, $5, $6) s '
         'where %s and %s %s '
         'order by s.score desc, c.id limit $10',

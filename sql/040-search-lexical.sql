@@ -299,7 +299,7 @@ declare
     -- not leakproof, so the planner filters after the policy: a scan of every chunk): rare
     -- terms and small queries go through the impact cache too, whose rows are split by
     -- visibility class, so its sums hold only the chunks this role may read
-    rls constant boolean := pg_catalog.row_security_active('kb.chunks'::pg_catalog.regclass);
+    rls constant boolean := pg_catalog.row_security_active('kb_data.chunks'::pg_catalog.regclass);
     -- the distributed layout (Citus, sql/015): statistics summed over the shards in one
     -- statement, and the chunks the cache does not cover read with the candidates
     distributed constant boolean := kb._distributed();
@@ -444,7 +444,7 @@ begin
             -- the loop below copes): counted up to filtered_limit
             if filtered_rows is null
                and (estimated_rows < 2 * filtered_limit or estimated_rows > 2 * mask_limit) then
-                execute format('select pg_catalog.count(*) from (select 1 from kb.chunks c where %s limit %s) s',
+                execute format('select pg_catalog.count(*) from (select 1 from ' || kb._chunks_relation() || ' c where %s limit %s) s',
                                filter_sql, filtered_limit)
                    into filtered_rows
                   using _search_lexical.groups, _search_lexical.category, _search_lexical.labels;
@@ -467,7 +467,7 @@ begin
                     '                   ::@extschema:vector@.sparsevec::@extschema:vector@.vector as kept '
                     '          from %s f(id) group by 1) m',
                     case when _search_lexical.filtered_ids is null
-                         then format('(select c.id from kb.chunks c where %s limit %s)', filter_sql, mask_limit)
+                         then format('(select c.id from ' || kb._chunks_relation() || ' c where %s limit %s)', filter_sql, mask_limit)
                          else 'pg_catalog.unnest($5)' end)
                    into filtered_rows, mask_nos, mask_bits
                   using _search_lexical.groups, _search_lexical.category, _search_lexical.labels,

@@ -31,10 +31,10 @@ set search_path = pg_catalog, pg_temp
 -- a string body: a SQL-standard one would depend on kb.chunks, which Citus then could not
 -- distribute (see sql/080)
 as $$
-    delete from kb.lexical_filter_masks m where m.block_no = $1;
+    delete from kb_data.lexical_filter_masks m where m.kb_id = (select kb._current_kb()) and (m.block_no = $1);
     -- a value's bits: its chunks' offsets in the block (from 1) as runs of '0' each ended by
     -- a '1', padded with '0' to the block's size
-    insert into kb.lexical_filter_masks (filter_kind, value, block_no, kept)
+    insert into kb_data.lexical_filter_masks (filter_kind, value, block_no, kept)
     select x.filter_kind, x.value, $1,
            (pg_catalog.string_agg(pg_catalog.repeat('0', (x.offset_no - x.previous - 1)::integer) || '1', ''
                                   order by x.offset_no)
@@ -105,13 +105,13 @@ begin
     select f.cache_id into cache from kb.lexical_filter_caches f
      where f.filter_kind = kind and f.value = filter_value;
     if fresh and cache is not null then
-        delete from kb.lexical_filter_blocks b where b.cache_id = cache;
-        delete from kb.lexical_filter_slots s where s.cache_id = cache;
-        update kb.lexical_filter_caches f set block_size = _refresh_filter_cache.block_size
-         where f.cache_id = cache;
+        delete from kb_data.lexical_filter_blocks b where b.kb_id = (select kb._current_kb()) and (b.cache_id = cache);
+        delete from kb_data.lexical_filter_slots s where s.kb_id = (select kb._current_kb()) and (s.cache_id = cache);
+        update kb_data.lexical_filter_caches f set block_size = _refresh_filter_cache.block_size
+         where f.kb_id = (select kb._current_kb()) and (f.cache_id = cache);
     elsif cache is null then
         fresh := true;
-        insert into kb.lexical_filter_caches (filter_kind, value, chunk_count, block_size)
+        insert into kb_data.lexical_filter_caches (filter_kind, value, chunk_count, block_size)
         values (kind, filter_value, 0, _refresh_filter_cache.block_size)
         returning cache_id into cache;
     end if;
@@ -122,9 +122,9 @@ begin
     -- id order
     pending := coalesce((select pg_catalog.array_agg(p.chunk_id) from kb.lexical_pending p), '{}');
     execute pg_catalog.format(
-        'insert into kb.lexical_filter_slots (cache_id, slot, chunk_id) '
+        'insert into kb_data.lexical_filter_slots (cache_id, slot, chunk_id) '
         'select $4, ($5 operator(pg_catalog.+) pg_catalog.row_number() over (order by c.id))::integer, c.id '
-        '  from kb.chunks c '
+        '  from ' || kb._chunks_relation() || ' c '
         ' where %s and c.id operator(pg_catalog.<=) $6 and %s',
         value_sql,
         -- an id range, and the pending ids not in the cache yet (a scan of the value's every
@@ -161,20 +161,20 @@ begin
     -- slot, read for its last block, cost ~1 ms a statement)
     first_slot := least(rewrite[1], appended_to[1]) * block_size;
     -- a rewritten block drops the slots of chunks deleted or no longer holding the value
-    delete from kb.lexical_filter_slots s
-     where s.cache_id = cache and s.slot >= first_slot and s.slot / block_size = any (rewrite)
+    delete from kb_data.lexical_filter_slots s
+     where s.kb_id = (select kb._current_kb()) and (s.cache_id = cache and s.slot >= first_slot and s.slot / block_size = any (rewrite)
        and not exists (select 1 from kb.chunks c
                         where c.id = s.chunk_id
                           and case kind when 'group' then c.groups @> array[filter_value]
                                         when 'category' then c.category = filter_value
                                         when 'metadata' then kb._metadata_holds(c.document_id, metadata_path)
-                                        else c.labels @> array[filter_value] end);
+                                        else c.labels @> array[filter_value] end));
     get diagnostics dropped = row_count;
-    delete from kb.lexical_filter_blocks b where b.cache_id = cache and b.block_no = any (rewrite);
+    delete from kb_data.lexical_filter_blocks b where b.kb_id = (select kb._current_kb()) and (b.cache_id = cache and b.block_no = any (rewrite));
     -- the impacts per block of slots, as kb.refresh_lexical_index writes a block of chunk ids;
     -- an appended block's rows keep the idf0 their weights were computed with (the search's
     -- drift bound reads it), and the new slots come after the old in each
-    insert into kb.lexical_filter_blocks as b (cache_id, lexeme, block_no, impacts, idf)
+    insert into kb_data.lexical_filter_blocks as b (cache_id, lexeme, block_no, impacts, idf)
     select cache, n.lexeme, n.block_no, ('{' || n.entries || '}/' || block_size)::@extschema:vector@.sparsevec, n.idf
       from (select u.lexeme, s.slot / block_size as block_no, w.idf,
                    string_agg((s.slot % block_size + 1)::text || ':'
@@ -200,9 +200,9 @@ begin
        set impacts = ('{' || pg_catalog.btrim(pg_catalog.split_part(b.impacts::text, '/', 1), '{}')
                       || ',' || pg_catalog.btrim(pg_catalog.split_part(excluded.impacts::text, '/', 1), '{}')
                       || '}/' || block_size)::@extschema:vector@.sparsevec;
-    update kb.lexical_filter_caches f
+    update kb_data.lexical_filter_caches f
        set chunk_count = case when fresh then appended else f.chunk_count + appended end - dropped
-     where f.cache_id = cache;
+     where f.kb_id = (select kb._current_kb()) and (f.cache_id = cache);
 end
 $$;
 comment on function kb._refresh_filter_cache(text, text, boolean, bigint, bigint, bigint, double precision, integer) is
@@ -219,9 +219,9 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    delete from kb.lexical_filter_blocks b where b.cache_id = any (_drop_filter_caches.cache_ids);
-    delete from kb.lexical_filter_slots s where s.cache_id = any (_drop_filter_caches.cache_ids);
-    delete from kb.lexical_filter_caches f where f.cache_id = any (_drop_filter_caches.cache_ids);
+    delete from kb_data.lexical_filter_blocks b where b.kb_id = (select kb._current_kb()) and (b.cache_id = any (_drop_filter_caches.cache_ids));
+    delete from kb_data.lexical_filter_slots s where s.kb_id = (select kb._current_kb()) and (s.cache_id = any (_drop_filter_caches.cache_ids));
+    delete from kb_data.lexical_filter_caches f where f.kb_id = (select kb._current_kb()) and (f.cache_id = any (_drop_filter_caches.cache_ids));
 end
 $$;
 comment on function kb._drop_filter_caches(integer[]) is
@@ -282,8 +282,8 @@ begin
     if full_rebuild or state.watermark = 0 or state.split_by_groups <> split or truncated
        or pg_catalog.abs(live_avgdl / state.avgdl - 1) > 0.05 then
         -- impacts drift with the average length: past 5% rebuild them all with the live one
-        delete from kb.lexical_blocks;
-        delete from kb.lexical_filter_masks;
+        delete from kb_data.lexical_blocks where kb_id = (select kb._current_kb());
+        delete from kb_data.lexical_filter_masks where kb_id = (select kb._current_kb());
         rebuilt_all := true;
         use_avgdl := live_avgdl;
         select coalesce(array_agg(g order by g), '{}') into rebuild
@@ -325,7 +325,7 @@ begin
         analyze pg_temp.kbpg_idf;
     end if;
     foreach b in array rebuild loop
-        delete from kb.lexical_blocks lb where lb.block_no = b;
+        delete from kb_data.lexical_blocks lb where lb.kb_id = (select kb._current_kb()) and (lb.block_no = b);
         if distributed then
             -- the block's (chunk, lexeme, tf) rows from the workers, then the same sums as below
             drop table if exists pg_temp.kbpg_block_terms;
@@ -335,7 +335,7 @@ begin
                   from kb.chunks c
                  cross join lateral pg_catalog.unnest(c.tsv) as x
                  where c.id >= b::bigint * state.block_size and c.id < (b + 1)::bigint * state.block_size;
-            insert into kb.lexical_blocks (lexeme, block_no, groups, impacts, idf)
+            insert into kb_data.lexical_blocks (lexeme, block_no, groups, impacts, idf)
             select u.lexeme, b, u.groups,
                    ('{' || string_agg((u.id - b::bigint * state.block_size + 1)::text || ':'
                                       || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * u.token_count / use_avgdl)))::real::text,
@@ -347,7 +347,7 @@ begin
              group by u.lexeme, l.idf, u.groups;
             continue;
         end if;
-        insert into kb.lexical_blocks (lexeme, block_no, groups, impacts, idf)
+        insert into kb_data.lexical_blocks (lexeme, block_no, groups, impacts, idf)
         select u.lexeme, b, case when split then c.groups else '{}'::text[] end,
                ('{' || string_agg((c.id - b::bigint * state.block_size + 1)::text || ':'
                                   || (l.idf * u.tf / (u.tf + 1.2 * (1 - 0.75 + 0.75 * c.token_count / use_avgdl)))::real::text,
@@ -370,7 +370,7 @@ begin
     if not distributed then
         mask_blocks := rebuild;
         if not state.filter_masks then
-            delete from kb.lexical_filter_masks;
+            delete from kb_data.lexical_filter_masks where kb_id = (select kb._current_kb());
             select coalesce(array_agg(g order by g), '{}') into mask_blocks
               from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
         end if;
@@ -438,11 +438,11 @@ begin
         end loop;
     end if;
 
-    update kb.lexical_state s
+    update kb_data.lexical_state s
        set watermark = max_id, avgdl = use_avgdl, refreshed_at = pg_catalog.now(),
-           split_by_groups = split, filter_masks = not distributed, filter_caches = not distributed;
-    delete from kb.lexical_pending;
-    delete from kb.lexical_dirty_blocks;
+           split_by_groups = split, filter_masks = not distributed, filter_caches = not distributed where s.kb_id = (select kb._current_kb());
+    delete from kb_data.lexical_pending where kb_id = (select kb._current_kb());
+    delete from kb_data.lexical_dirty_blocks where kb_id = (select kb._current_kb());
     return query select coalesce(cardinality(rebuild), 0), n_chunks, max_id, use_avgdl;
 end
 $$;
@@ -477,7 +477,7 @@ begin
           from kb.refresh_lexical_index(full_rebuild => true) r;
         return;
     end if;
-    update kb.corpus_stats s set chunk_count = chunks_now, total_tokens = tokens_now;
+    update kb_data.corpus_stats s set chunk_count = chunks_now, total_tokens = tokens_now where s.kb_id = (select kb._current_kb());
     -- every lexeme's count set right: wrong, missing and left-behind ones (the count of them)
     with counted as (
         select u.lexeme, count(*)::integer as doc_freq
@@ -485,11 +485,11 @@ begin
          cross join lateral pg_catalog.unnest(pg_catalog.tsvector_to_array(c.tsv)) as u(lexeme)
          group by u.lexeme
     ), left_behind as (
-        delete from kb.lexeme_stats s
-         where not exists (select 1 from counted t where t.lexeme = s.lexeme)
+        delete from kb_data.lexeme_stats s
+         where s.kb_id = (select kb._current_kb()) and (not exists (select 1 from counted t where t.lexeme = s.lexeme))
         returning 1
     ), set_right as (
-        insert into kb.lexeme_stats as s (lexeme, doc_freq)
+        insert into kb_data.lexeme_stats as s (lexeme, doc_freq)
         select t.lexeme, t.doc_freq from counted t order by t.lexeme
         on conflict (lexeme) do update set doc_freq = excluded.doc_freq
          where s.doc_freq is distinct from excluded.doc_freq
@@ -522,13 +522,13 @@ begin
         raise exception 'indexed metadata keys are for a single server: the distributed layout has no filter bitmaps'
             using errcode = '0A000', hint = 'metadata filters work as they are, scored from the filtered chunks';
     end if;
-    insert into kb.indexed_metadata_keys (key, path) values (index_metadata_key.key, path::pg_catalog.jsonpath)
+    insert into kb_data.indexed_metadata_keys (key, path) values (index_metadata_key.key, path::pg_catalog.jsonpath)
     on conflict do nothing;
     if not found then
         return false;
     end if;
     -- every block's bitmaps rewritten with the key's values, their caches built
-    update kb.lexical_state set filter_masks = false;
+    update kb_data.lexical_state set filter_masks = false where kb_id = (select kb._current_kb());
     perform kb.refresh_lexical_index();
     return true;
 end
@@ -550,15 +550,15 @@ as $$
 declare
     prefix constant text := kb._metadata_mask_prefix(unindex_metadata_key.key);
 begin
-    delete from kb.indexed_metadata_keys k where k.key = unindex_metadata_key.key;
+    delete from kb_data.indexed_metadata_keys k where k.kb_id = (select kb._current_kb()) and (k.key = unindex_metadata_key.key);
     if not found then
         return false;
     end if;
     perform kb._drop_filter_caches(array(
         select f.cache_id from kb.lexical_filter_caches f
          where f.filter_kind = 'metadata' and pg_catalog.starts_with(f.value, prefix)));
-    delete from kb.lexical_filter_masks m
-     where m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, prefix);
+    delete from kb_data.lexical_filter_masks m
+     where m.kb_id = (select kb._current_kb()) and (m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, prefix));
     return true;
 end
 $$;

@@ -254,13 +254,25 @@ begin
         -- arrays' rows would be shipped to every worker first)
         found_ids := array(select b.id from unnest(best_ids, best_hops) as b(id, hops)
                             where b.hops > 0 and b.id <> all (_expand_graph.seed_chunk_ids));
-        select pg_catalog.array_agg(c.id), pg_catalog.array_agg(c.document_id)
-          into found_ids, found_docs
-          from kb.chunks c
-         where c.id = any (found_ids)
-           and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
-                                         _expand_graph.category, _expand_graph.labels)
-           and kb._metadata_holds(c.document_id, metadata_path);
+        -- without a metadata filter the statement names no kb._metadata_holds: Citus ships
+        -- it to the workers as written, and a function that reads a table reaches them only
+        -- when created after the distribution (kbpg db upgrade then)
+        if metadata_path is null then
+            select pg_catalog.array_agg(c.id), pg_catalog.array_agg(c.document_id)
+              into found_ids, found_docs
+              from kb.chunks c
+             where c.id = any (found_ids)
+               and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
+                                             _expand_graph.category, _expand_graph.labels);
+        else
+            select pg_catalog.array_agg(c.id), pg_catalog.array_agg(c.document_id)
+              into found_ids, found_docs
+              from kb.chunks c
+             where c.id = any (found_ids)
+               and kb._chunk_matches_filters(c.groups, c.category, c.labels, _expand_graph.groups,
+                                             _expand_graph.category, _expand_graph.labels)
+               and kb._metadata_holds(c.document_id, metadata_path);
+        end if;
         return query
         select (pg_catalog.row_number() over (order by b.score desc, b.hops, b.id))::integer,
                b.id, f.document_id, b.score, b.hops, b.via

@@ -50,14 +50,14 @@ begin
                  || case when has_text then ' and c.tsv operator(pg_catalog.@@) $5' else '' end;
     foreach name in array facets.facets loop
         values_sql := case
-            when name = 'category' then 'select c.category as v from kb.chunks c where c.category is not null and '
-            when name = 'labels' then 'select l.v from kb.chunks c cross join pg_catalog.unnest(c.labels) as l(v) where '
+            when name = 'category' then 'select c.category as v from ' || kb._chunks_relation() || ' c where c.category is not null and '
+            when name = 'labels' then 'select l.v from ' || kb._chunks_relation() || ' c cross join pg_catalog.unnest(c.labels) as l(v) where '
             -- the chunks without groups are the ones every reader reads: the group public
             when name = 'groups' then
-                'select g.v from kb.chunks c cross join pg_catalog.unnest(case when c.groups operator(pg_catalog.=) ''{}''::text[] '
+                'select g.v from ' || kb._chunks_relation() || ' c cross join pg_catalog.unnest(case when c.groups operator(pg_catalog.=) ''{}''::text[] '
                 'then array[''public''] else c.groups end) as g(v) where '
             when pg_catalog.starts_with(name, 'metadata.') then pg_catalog.format(
-                'select m.v #>> ''{}'' as v from kb.chunks c join kb.documents md on md.id operator(pg_catalog.=) c.document_id '
+                'select m.v #>> ''{}'' as v from ' || kb._chunks_relation() || ' c join kb_data.documents md on md.id operator(pg_catalog.=) c.document_id '
                 'cross join lateral pg_catalog.jsonb_path_query(md.metadata, %L::pg_catalog.jsonpath) as m(v) '
                 'where pg_catalog.jsonb_typeof(m.v) not in (''object'', ''array'', ''null'') and ',
                 kb._metadata_key_path(pg_catalog.substr(name, 10), 'facets') || '[*]')
@@ -68,7 +68,7 @@ begin
         end if;
         -- the chunk's document and id ride along for the counts (a value twice in one
         -- chunk, as an array's element, counts once)
-        values_sql := pg_catalog.replace(values_sql, 'select ', 'select c.document_id as d, c.id as i, ');
+        values_sql := pg_catalog.regexp_replace(values_sql, '^select ', 'select c.document_id as d, c.id as i, ');
         return query execute pg_catalog.format(
             'select %L::text, x.v, pg_catalog.count(distinct x.d), pg_catalog.count(distinct x.i) '
             '  from (%s %s) x group by x.v '

@@ -29,8 +29,8 @@ set search_path = pg_catalog, pg_temp
 -- a string body, here and below: a SQL-standard one would make the function depend on the
 -- tables it names, which Citus cannot distribute then (migration 0015)
 as $$
-select array['kb.documents'::regclass, 'kb.chunks'::regclass, 'kb.edges'::regclass,
-             'kb.lexical_blocks'::regclass]
+select array['kb_data.documents'::regclass, 'kb_data.chunks'::regclass, 'kb_data.edges'::regclass,
+             'kb_data.lexical_blocks'::regclass]
 $$;
 comment on function kb._access_tables() is
     'The tables a reader can reach that hold per-chunk data: row-level security goes on and off '
@@ -42,7 +42,7 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb.chunks'::regclass $$;
+as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb_data.chunks'::regclass $$;
 comment on function kb._access_enforced() is
     'True while row-level security is on for kb.chunks (kb.access_enable()).';
 
@@ -98,10 +98,14 @@ begin
         -- row-level security, which EXPLAIN ANALYZE saw through): only the reader API
         execute format('revoke all on all tables in schema kb from %I', reader_name);
         execute format('revoke all on all sequences in schema kb from %I', reader_name);
+        -- (the views of schema kb read the tables of kb_data with the caller's rights)
+        execute format('revoke all on all tables in schema kb_data from %I', reader_name);
+        execute format('revoke all on all sequences in schema kb_data from %I', reader_name);
         for col in select a.attrelid::regclass as rel, a.attname
                      from pg_catalog.pg_attribute a
                      join pg_catalog.pg_class c on c.oid = a.attrelid
-                    where c.relnamespace = 'kb'::regnamespace and a.attacl is not null loop
+                    where c.relnamespace in ('kb'::regnamespace, 'kb_data'::regnamespace)
+                      and a.attacl is not null loop
             execute format('revoke all (%I) on %s from %I', col.attname, col.rel, reader_name);
         end loop;
         execute format('revoke execute on all functions in schema kb from %I', reader_name);
@@ -128,6 +132,13 @@ begin
         execute format('grant select, insert, update, delete on all tables in schema kb to %I',
                        writer_name);
         execute format('grant usage, select on all sequences in schema kb to %I', writer_name);
+        -- the views are security_invoker: the writer's rights on the tables under them count
+        execute format('grant select, insert, update, delete on all tables in schema kb_data to %I',
+                       writer_name);
+        execute format('grant usage, select on all sequences in schema kb_data to %I', writer_name);
+        execute format('revoke insert, update, delete, truncate on kb_data.access_grants, '
+                       'kb_data.access_settings, kb_data.language, kb_data.knowledge_bases from %I',
+                       writer_name);
         -- a writer ingests; it does not decide who reads what, nor the language (only
         -- kb.set_language, the owner's, changes it: it re-analyses every chunk with it)
         execute format('revoke insert, update, delete, truncate on kb.access_grants, kb.access_settings, '
@@ -135,9 +146,9 @@ begin
         -- nor which table a source reads (issue 38: a writer who pointed a source at a temp table
         -- of its own ran its code as the owner): sources change through the SECURITY DEFINER
         -- helpers of sql/090, which check the caller and what they write
-        if pg_catalog.to_regclass('kb.table_sources') is not null then
-            execute format('revoke insert, update, delete, truncate on kb.table_sources from %I',
-                           writer_name);
+        if pg_catalog.to_regclass('kb_data.table_sources') is not null then
+            execute format('revoke insert, update, delete, truncate on kb.table_sources, '
+                           'kb_data.table_sources from %I', writer_name);
         end if;
     end if;
     -- kbpg checks the schema version before it searches or writes
@@ -203,10 +214,10 @@ begin
             execute format('create role %I nologin', r);
         end if;
     end loop;
-    update kb.access_settings
+    update kb_data.access_settings
        set reader_role = want_reader, writer_role = want_writer,
            reader_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_reader)),
-           writer_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_writer));
+           writer_oid = pg_catalog.to_regrole(pg_catalog.quote_ident(want_writer)) where kb_id = (select kb._current_kb());
     perform kb._access_apply_grants();
     return query select want_reader, want_writer;
 end
@@ -225,8 +236,8 @@ set search_path = pg_catalog, pg_temp
 -- no event trigger fires on DROP ROLE: a grant whose role is gone is deleted here, lazily
 as $$
     with gone as (
-        delete from kb.access_grants a
-         where not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id)
+        delete from kb_data.access_grants a
+         where a.kb_id = (select kb._current_kb()) and (not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id))
         returning 1)
     select pg_catalog.count(*) from gone
 $$;
@@ -259,7 +270,7 @@ begin
     perform kb._access_grants_prune();
     return query
     with added as (
-        insert into kb.access_grants as a (role_id, group_name)
+        insert into kb_data.access_grants as a (role_id, group_name)
         select granted, g from pg_catalog.unnest(grant_groups.groups) as g
         on conflict do nothing
         returning a.role_id, a.group_name)
@@ -284,9 +295,9 @@ begin
     perform kb._access_grants_prune();
     return query
     with gone as (
-        delete from kb.access_grants a
-         where a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
-           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
+        delete from kb_data.access_grants a
+         where a.kb_id = (select kb._current_kb()) and (a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
+           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups)))
         returning a.group_name)
     select revoke_groups.role_name, gone.group_name from gone;
 end
@@ -311,7 +322,7 @@ declare
     sees_all constant boolean := coalesce(
         (select r.rolsuper from pg_catalog.pg_roles r where r.oid = caller), false)
         or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
-                                                     where c.oid = 'kb.access_grants'::pg_catalog.regclass),
+                                                     where c.oid = 'kb_data.access_grants'::pg_catalog.regclass),
                                            'USAGE'), false);
 begin
     if not pg_catalog.current_setting('transaction_read_only')::boolean then

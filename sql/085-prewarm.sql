@@ -54,7 +54,7 @@ begin
         with heap as (
             select c.oid, coalesce(pg_catalog.pg_partition_root(c.oid), c.oid) as owner, c.reltoastrelid
               from pg_catalog.pg_class c
-             where c.relnamespace = 'kb'::pg_catalog.regnamespace and c.relkind = 'r'
+             where c.relnamespace = 'kb_data'::pg_catalog.regnamespace and c.relkind = 'r'
         ), rels as (
             select h.oid, h.owner, 'table' as kind from heap h
             union all
@@ -71,12 +71,12 @@ begin
         )
         select rels.oid, pg_catalog.pg_relation_size(rels.oid) / block_bytes as blocks,
                case when rels.kind = 'hnsw' then 1
-                    when rels.owner in ('kb.lexical_blocks'::pg_catalog.regclass,
-                                        'kb.lexical_filter_blocks'::pg_catalog.regclass,
-                                        'kb.lexical_filter_slots'::pg_catalog.regclass) then 2
+                    when rels.owner in ('kb_data.lexical_blocks'::pg_catalog.regclass,
+                                        'kb_data.lexical_filter_blocks'::pg_catalog.regclass,
+                                        'kb_data.lexical_filter_slots'::pg_catalog.regclass) then 2
                     when rels.kind = 'index' then 3
-                    when rels.owner = 'kb.chunks'::pg_catalog.regclass then 6
-                    when rels.owner = 'kb.documents'::pg_catalog.regclass then 5
+                    when rels.owner = 'kb_data.chunks'::pg_catalog.regclass then 6
+                    when rels.owner = 'kb_data.documents'::pg_catalog.regclass then 5
                     else 3 end as priority
           from rels
          where pg_catalog.pg_relation_size(rels.oid) > 0

@@ -556,11 +556,11 @@ begin
                                  || ']::text[]' end
                   from pg_catalog.unnest(s.key_columns) with ordinality as k(c, n));
     if new_rows is not null and old_rows is null then
-        return format('insert into kb.source_queue (source_id, key, op) select %s, %s, %s from %s as n '
+        return format('insert into kb_data.source_queue (source_id, key, op) select %s, %s, %s from %s as n '
                       'on conflict do nothing', id_sql,
                       case when single then 'array[' || new_key || ']::text[]' else new_key end, op_sql, new_rows);
     elsif old_rows is not null and new_rows is null then
-        return format('insert into kb.source_queue (source_id, key, op) select %s, %s, ''D'' from %s as o '
+        return format('insert into kb_data.source_queue (source_id, key, op) select %s, %s, ''D'' from %s as o '
                       'on conflict do nothing', id_sql,
                       case when single then 'array[' || old_key || ']::text[]' else old_key end, old_rows);
     end if;
@@ -569,7 +569,7 @@ begin
     -- differs (kb._source_compare_sql: built-in equality or the output text; no operator or cast
     -- of the application is called)
     return format(
-        'insert into kb.source_queue (source_id, key, op) '
+        'insert into kb_data.source_queue (source_id, key, op) '
         'select %1$s, %2$s, case when n.key is null then ''D'' else ''U'' end '
         '  from (select %3$s as key%4$s from %5$s as o) as o '
         '  full join (select %6$s as key%7$s from %8$s as n) as n '
@@ -694,7 +694,7 @@ begin
                   hint = 'kbpg''s triggers are created by kb.add_table_source and queue only their own table''s rows';
     end if;
     perform kb._source_check_persistence(tg_relid);
-    insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'T')
+    insert into kb_data.source_queue (source_id, key, op) values (s.id, '{}', 'T')
     on conflict do nothing;
     if found and s.notify and pg_catalog.pg_notification_queue_usage() < 0.5 then
         perform pg_catalog.pg_notify('kbpg_sync', '');
@@ -905,7 +905,7 @@ begin
     -- a superuser, the catalog's owner (or a role that may use it), the writer role by its OID
     if coalesce((select r.rolsuper from pg_catalog.pg_roles r where r.oid = caller), false)
        or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
-                                                    where c.oid = 'kb.table_sources'::pg_catalog.regclass),
+                                                    where c.oid = 'kb_data.table_sources'::pg_catalog.regclass),
                                           'USAGE'), false)
        or coalesce(pg_catalog.pg_has_role(caller, writer, 'USAGE'), false) then
         return;
@@ -1028,7 +1028,7 @@ begin
     keys := kb._source_key_columns(relation, id);
     perform kb._source_check_definition(relation, text_column, title_column, groups_column,
                                         category_column, labels_column, coalesce(metadata_columns, '{}'));
-    insert into kb.table_sources as s (name, relation, relation_name, key_columns, text_column, title_column,
+    insert into kb_data.table_sources as s (name, relation, relation_name, key_columns, text_column, title_column,
                                        groups_column, category_column, labels_column, metadata_columns, notify)
     values (source_name, relation, kb._source_relation_name(relation), keys, text_column, title_column,
             groups_column, category_column, labels_column, coalesce(metadata_columns, '{}'),
@@ -1072,7 +1072,7 @@ begin
                                         category_column, labels_column, coalesce(metadata_columns, '{}'));
     -- every row is read again (a document whose text and fields come out the same is not
     -- rewritten: ingest compares content hashes)
-    update kb.table_sources t
+    update kb_data.table_sources t
        set text_column = _source_catalog_define.text_column,
            title_column = _source_catalog_define.title_column,
            groups_column = _source_catalog_define.groups_column,
@@ -1084,7 +1084,7 @@ begin
            version = t.version + 1, altered_at = pg_catalog.now(),
            backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
            backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
-     where t.id = s.id;
+     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
 end
 $$;
 comment on function kb._source_catalog_define(integer, text, text, text, text, text, text[], boolean) is
@@ -1109,11 +1109,11 @@ begin
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
     perform kb._source_check_trigger_privilege(kb._source_table(s));
-    update kb.table_sources t
+    update kb_data.table_sources t
        set relation_name = kb._source_relation_name(s.relation),
            backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
            backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
-     where t.id = s.id;
+     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
 end
 $$;
 comment on function kb._source_catalog_reset(integer) is
@@ -1148,11 +1148,11 @@ begin
     perform kb._source_key_columns(relation, pg_catalog.array_to_string(s.key_columns, ','));
     perform kb._source_check_definition(relation, s.text_column, s.title_column, s.groups_column,
                                         s.category_column, s.labels_column, s.metadata_columns);
-    update kb.table_sources t
+    update kb_data.table_sources t
        set relation = _source_catalog_rebind.relation,
            relation_name = kb._source_relation_name(_source_catalog_rebind.relation),
            version = t.version + 1, altered_at = pg_catalog.now()
-     where t.id = s.id;
+     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
 end
 $$;
 comment on function kb._source_catalog_rebind(integer, regclass) is
@@ -1170,7 +1170,7 @@ set client_min_messages = notice
 as $$
 begin
     perform kb._source_check_writer();
-    delete from kb.table_sources t where t.id = _source_catalog_delete.source_id;
+    delete from kb_data.table_sources t where t.kb_id = (select kb._current_kb()) and (t.id = _source_catalog_delete.source_id);
     if not found then
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
@@ -1283,7 +1283,7 @@ begin
     if total < 0 or enqueued is null or enqueued < 0 then
         raise exception 'backfill counts must not be negative' using errcode = '22023';
     end if;
-    update kb.table_sources t
+    update kb_data.table_sources t
        set backfill_state = state, backfill_cursor = cursor_key, backfill_total = total,
            backfill_enqueued = enqueued,
            backfill_started_at = case when state = 'pending' then null
@@ -1292,7 +1292,7 @@ begin
            backfill_done_at = case when state <> 'done' then null
                                    when s.backfill_state = 'done' then s.backfill_done_at
                                    else pg_catalog.now() end
-     where t.id = s.id;
+     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
 end
 $$;
 comment on function kb._source_backfill_save(integer, text, text[], bigint, bigint) is
@@ -1479,12 +1479,12 @@ begin
                                 from pg_catalog.unnest(left_behind) as x);
         end if;
     end if;
-    delete from kb.source_queue q where q.source_id = s.id;
-    delete from kb.source_claims c where c.source_id = s.id;
-    delete from kb.source_errors e where e.source_id = s.id;
+    delete from kb_data.source_queue q where q.kb_id = (select kb._current_kb()) and (q.source_id = s.id);
+    delete from kb_data.source_claims c where c.kb_id = (select kb._current_kb()) and (c.source_id = s.id);
+    delete from kb_data.source_errors e where e.kb_id = (select kb._current_kb()) and (e.source_id = s.id);
     perform kb._source_catalog_delete(s.id);
     if remove_table_source.drop_documents then
-        delete from kb.documents d where pg_catalog.starts_with(d.source, 'table:' || s.name || '/');
+        delete from kb_data.documents d where d.kb_id = (select kb._current_kb()) and (pg_catalog.starts_with(d.source, 'table:' || s.name || '/'));
         get diagnostics deleted = row_count;
     end if;
     return query select s.name, deleted, left_behind;
@@ -1524,7 +1524,7 @@ begin
     -- the triggers too, in case some were dropped (around an ALTER TABLE of a column they read)
     perform kb._source_triggers(s.id);
     perform kb._source_catalog_reset(s.id);
-    insert into kb.source_queue (source_id, key, op) values (s.id, '{}', 'S') on conflict do nothing;
+    insert into kb_data.source_queue (source_id, key, op) values (s.id, '{}', 'S') on conflict do nothing;
     perform pg_catalog.pg_notify('kbpg_sync', '');
     return true;
 end
@@ -1600,13 +1600,13 @@ security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
     with due as (
-        update kb.source_errors e set retry_at = pg_catalog.now()
+        update kb_data.source_errors e set retry_at = pg_catalog.now()
           from kb.table_sources s
-         where s.id = e.source_id
-           and (retry_source_errors.source_name is null or s.name = retry_source_errors.source_name)
+         where e.kb_id = (select kb._current_kb()) and (s.id = e.source_id
+           and (retry_source_errors.source_name is null or s.name = retry_source_errors.source_name))
         returning e.source_id, e.key
     ), queued as (
-        insert into kb.source_queue (source_id, key, op)
+        insert into kb_data.source_queue (source_id, key, op)
         select due.source_id, due.key, 'R' from due
         on conflict do nothing
     )
@@ -1933,7 +1933,7 @@ begin
     execute format(
         'with page as (select %1$s as key, pg_catalog.row_number() over (order by %2$s) as n '
         '                from %3$s as t where %4$s order by %2$s limit $3), '
-        '     added as (insert into kb.source_queue (source_id, key, op) '
+        '     added as (insert into kb_data.source_queue (source_id, key, op) '
         '               select $1, p.key, ''B'' from page p '
         -- a key this worker claimed a moment ago is read after this page: once is enough
         '                where not exists (select 1 from kb.source_claims c where c.source_id = $1 '
@@ -1992,13 +1992,14 @@ begin atomic
         -- entry); one another worker has locked is left to it (waiting for it could deadlock
         -- with its own claim of our entries)
         select q.ctid as entry
-          from kb.source_queue q
-         where (q.source_id, q.key) in (select p.source_id, p.key from picked p)
+          from kb_data.source_queue q
+         where q.kb_id = (select kb._current_kb())
+           and (q.source_id, q.key) in (select p.source_id, p.key from picked p)
          for update of q skip locked
     ), taken as (
-        delete from kb.source_queue q
+        delete from kb_data.source_queue q
          using entries e
-         where q.ctid = e.entry
+         where q.kb_id = (select kb._current_kb()) and q.ctid = e.entry
         returning q.ctid as entry, q.source_id, q.key, q.op, q.enqueued_at
     ), firsts as (
         -- (entries of one transaction share their time: the first written, which an
@@ -2009,12 +2010,12 @@ begin atomic
     ), claimed as (
         -- a key another worker claimed since this statement began (its entries were not locked:
         -- an older or newer change of the same key) is its; those entries go back to the queue
-        insert into kb.source_claims (source_id, key, op, enqueued_at, worker)
+        insert into kb_data.source_claims (source_id, key, op, enqueued_at, worker)
         select f.source_id, f.key, f.op, f.enqueued_at, _source_claim.worker from firsts f
         on conflict do nothing
         returning source_id, key, op, enqueued_at
     ), requeued as (
-        insert into kb.source_queue (source_id, key, op, enqueued_at)
+        insert into kb_data.source_queue (source_id, key, op, enqueued_at)
         select f.source_id, f.key, f.op, f.enqueued_at
           from firsts f
          where not exists (select 1 from claimed c
@@ -2035,17 +2036,17 @@ security invoker
 set search_path = pg_catalog, pg_temp
 begin atomic
     with released as (
-        delete from kb.source_claims c
-         where c.worker = _source_release.worker
+        delete from kb_data.source_claims c
+         where c.kb_id = (select kb._current_kb()) and (c.worker = _source_release.worker
            and (_source_release.keys is null
                 or (c.source_id, c.key_hash) in (select (e operator(pg_catalog.->>) 0)::integer,
                                                         kb._source_key_hash(array(
                                                             select x.v from pg_catalog.jsonb_array_elements_text(e operator(pg_catalog.->) 1)
                                                                    with ordinality as x(v, n) order by x.n))
-                                              from pg_catalog.jsonb_array_elements(_source_release.keys) as e))
+                                              from pg_catalog.jsonb_array_elements(_source_release.keys) as e)))
         returning c.source_id, c.key, c.op, c.enqueued_at
     ), queued as (
-        insert into kb.source_queue (source_id, key, op, enqueued_at)
+        insert into kb_data.source_queue (source_id, key, op, enqueued_at)
         select r.source_id, r.key, r.op, r.enqueued_at from released r
         on conflict do nothing
     )
@@ -2065,13 +2066,13 @@ as $$
 #variable_conflict use_column
 begin
     -- done: [[key...], ...] written, unchanged or deleted; failed: [{"key": [...], "error": "..."}]
-    delete from kb.source_claims c
-     where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
-       and c.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k);
-    delete from kb.source_errors e
-     where e.source_id = _source_settle.source_id
-       and e.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k);
-    insert into kb.source_errors as e (source_id, key, error, retry_at)
+    delete from kb_data.source_claims c
+     where c.kb_id = (select kb._current_kb()) and (c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
+       and c.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k));
+    delete from kb_data.source_errors e
+     where e.kb_id = (select kb._current_kb()) and (e.source_id = _source_settle.source_id
+       and e.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k));
+    insert into kb_data.source_errors as e (source_id, key, error, retry_at)
     select _source_settle.source_id, f.key, f.error, pg_catalog.now() + kb._source_backoff(1)
       from (select array(select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
                                   with ordinality as x(v, n) order by x.n) as key,
@@ -2080,12 +2081,12 @@ begin
     on conflict (source_id, key_hash) do update
        set error = excluded.error, attempts = e.attempts + 1, last_failed_at = pg_catalog.now(),
            retry_at = pg_catalog.now() + kb._source_backoff(e.attempts + 1);
-    delete from kb.source_claims c
-     where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
+    delete from kb_data.source_claims c
+     where c.kb_id = (select kb._current_kb()) and (c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
        and c.key_hash in (select kb._source_key_hash(array(
                                      select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
                                             with ordinality as x(v, n) order by x.n))
-                            from pg_catalog.jsonb_array_elements(failed) as i);
+                            from pg_catalog.jsonb_array_elements(failed) as i));
 end
 $$;
 comment on function kb._source_settle(integer, integer, jsonb, jsonb) is
@@ -2107,10 +2108,10 @@ begin
     for w in select distinct c.worker from kb.source_claims c where c.worker <> _source_reclaim.worker loop
         -- a live worker's session holds this lock; a free one means the worker is gone
         if pg_catalog.pg_try_advisory_xact_lock(1801613427, w) then
-            insert into kb.source_queue (source_id, key, op, enqueued_at)
+            insert into kb_data.source_queue (source_id, key, op, enqueued_at)
             select c.source_id, c.key, c.op, c.enqueued_at from kb.source_claims c where c.worker = w
             on conflict do nothing;
-            delete from kb.source_claims c where c.worker = w;
+            delete from kb_data.source_claims c where c.kb_id = (select kb._current_kb()) and (c.worker = w);
             get diagnostics n = row_count;
             total := total + n;
         end if;
@@ -2131,12 +2132,12 @@ set search_path = pg_catalog, pg_temp
 begin atomic
     with due as (
         -- the next retry stands until this one settles (a lease, should the worker die)
-        update kb.source_errors e set retry_at = pg_catalog.now() + kb._source_backoff(e.attempts)
-         where e.retry_at <= pg_catalog.now()
-           and (_source_requeue_errors.source_ids is null or e.source_id = any (_source_requeue_errors.source_ids))
+        update kb_data.source_errors e set retry_at = pg_catalog.now() + kb._source_backoff(e.attempts)
+         where e.kb_id = (select kb._current_kb()) and (e.retry_at <= pg_catalog.now()
+           and (_source_requeue_errors.source_ids is null or e.source_id = any (_source_requeue_errors.source_ids)))
         returning e.source_id, e.key
     ), queued as (
-        insert into kb.source_queue (source_id, key, op)
+        insert into kb_data.source_queue (source_id, key, op)
         select due.source_id, due.key, 'R' from due
         on conflict do nothing
     )

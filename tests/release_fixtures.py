@@ -200,7 +200,9 @@ def load_rows(conn: psycopg.Connection[Any], data: dict[str, list[dict[str, Any]
         conn.execute(query, (Jsonb(data[table]),))
     for table in ("documents", "chunks"):
         conn.execute(
-            f"select pg_catalog.setval(pg_catalog.pg_get_serial_sequence('kb.{table}', 'id'),"
+            # the table: kb_data's from revision 0028, kb.{table} a view of it
+            f"select pg_catalog.setval(pg_catalog.pg_get_serial_sequence(coalesce("
+            f"pg_catalog.to_regclass('kb_data.{table}'), 'kb.{table}'::regclass)::text, 'id'),"
             f" (select max(id) from kb.{table}))"
         )
     conn.execute("select * from kb.refresh_lexical_index()")

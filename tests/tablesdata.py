@@ -64,11 +64,14 @@ ADD_SOURCE = (
 def queue(conn: psycopg.Connection[Any]) -> list[tuple[list[str], str]]:
     """(key, op) of every queued key as a worker's claim takes it (once, its earliest entry's op),
     oldest first."""
+    # the table (a view has no ctid): in kb_data from revision 0028, in kb before
+    row = conn.execute("select pg_catalog.to_regnamespace('kb_data') is not null").fetchone()
+    table = "kb_data.source_queue" if row and row[0] else "kb.source_queue"
     return [
         (list(r[0]), str(r[1]))
         for r in conn.execute(
             "select key, op from (select distinct on (source_id, key) source_id, key, op, enqueued_at"
-            "                       from kb.source_queue order by source_id, key, enqueued_at, ctid) q"
+            f"                       from {table} order by source_id, key, enqueued_at, ctid) q"
             " order by enqueued_at, key"
         ).fetchall()
     ]

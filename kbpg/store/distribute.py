@@ -59,73 +59,79 @@ begin
     -- access control's visibility policies use subqueries (not allowed on distributed tables);
     -- kb._access_apply_grants() below gives the writer role a policy without one, and readers
     -- read through the reader API, which applies their grants itself (sql/080)
-    drop policy if exists access_visible on kb.documents;
-    drop policy if exists access_visible on kb.chunks;
-    drop policy if exists access_visible on kb.edges;
-    drop policy if exists access_visible on kb.lexical_blocks;
+    drop policy if exists access_visible on kb_data.documents;
+    drop policy if exists access_visible on kb_data.chunks;
+    drop policy if exists access_visible on kb_data.edges;
+    drop policy if exists access_visible on kb_data.lexical_blocks;
 
     -- global tables: a copy on every node, read locally on the coordinator
-    foreach t in array array['kb.embedding_space', 'kb.lexical_state', 'kb.access_settings',
-                             'kb.access_grants'] loop
+    foreach t in array array['kb_data.embedding_space', 'kb_data.lexical_state', 'kb_data.access_settings',
+                             'kb_data.access_grants'] loop
         perform pg_catalog.create_reference_table(t::regclass);
     end loop;
 
     -- a unique constraint must hold the distribution column: a source is unique per knowledge
     -- base through kbpg's writers (one write lock, looked up before insert), indexed for that
-    alter table kb.documents drop constraint documents_source_key;
-    create index documents_source on kb.documents (source);
+    alter table kb_data.documents drop constraint documents_source_key;
+    create index documents_source on kb_data.documents (source);
 
     -- the graph rows name their document (revision 0015; older rows are filled here)
-    update kb.edges e set document_id = c.document_id
-      from kb.chunks c where c.id = e.src_chunk_id and e.document_id is null;
-    update kb.chunk_links l set document_id = c.document_id
-      from kb.chunks c where c.id = l.chunk_id and l.document_id is null;
-    update kb.chunk_entities x set document_id = c.document_id
-      from kb.chunks c where c.id = x.chunk_id and x.document_id is null;
-    alter table kb.edges drop constraint edges_src_chunk_id_fkey,
+    update kb_data.edges e set document_id = c.document_id
+      from kb_data.chunks c where c.id = e.src_chunk_id and e.document_id is null;
+    update kb_data.chunk_links l set document_id = c.document_id
+      from kb_data.chunks c where c.id = l.chunk_id and l.document_id is null;
+    update kb_data.chunk_entities x set document_id = c.document_id
+      from kb_data.chunks c where c.id = x.chunk_id and x.document_id is null;
+    alter table kb_data.edges drop constraint edges_src_chunk_id_fkey,
                          drop constraint edges_dst_chunk_id_fkey,
                          drop constraint edges_pkey,
                          alter column document_id set not null,
                          add primary key (src_chunk_id, dst_chunk_id, relation, document_id);
-    alter table kb.chunk_links drop constraint chunk_links_chunk_id_fkey,
+    alter table kb_data.chunk_links drop constraint chunk_links_chunk_id_fkey,
                                drop constraint chunk_links_pkey,
                                alter column document_id set not null,
                                add primary key (chunk_id, target_source, fragment, document_id);
-    alter table kb.chunk_entities drop constraint chunk_entities_chunk_id_fkey,
+    alter table kb_data.chunk_entities drop constraint chunk_entities_chunk_id_fkey,
                                   drop constraint chunk_entities_pkey,
                                   alter column document_id set not null,
                                   add primary key (entity, chunk_id, document_id);
-    alter table kb.chunks drop constraint chunks_pkey, add primary key (id, document_id);
+    alter table kb_data.chunks drop constraint chunks_pkey, add primary key (id, document_id);
 
     -- the impact cache's bookkeeping, written by the shards' triggers beside their chunks
-    alter table kb.lexical_pending add column document_id bigint;
-    update kb.lexical_pending p set document_id = c.document_id from kb.chunks c where c.id = p.chunk_id;
-    delete from kb.lexical_pending where document_id is null;
-    alter table kb.lexical_pending drop constraint lexical_pending_pkey,
+    alter table kb_data.lexical_pending add column document_id bigint;
+    update kb_data.lexical_pending p set document_id = c.document_id from kb_data.chunks c where c.id = p.chunk_id;
+    delete from kb_data.lexical_pending where document_id is null;
+    alter table kb_data.lexical_pending drop constraint lexical_pending_pkey,
                                    alter column document_id set not null,
                                    add primary key (chunk_id, document_id);
-    alter table kb.lexical_dirty_blocks add column document_id bigint not null default 0;
-    alter table kb.lexical_dirty_blocks alter column document_id drop default,
+    alter table kb_data.lexical_dirty_blocks add column document_id bigint not null default 0;
+    alter table kb_data.lexical_dirty_blocks alter column document_id drop default,
                                         drop constraint lexical_dirty_blocks_pkey,
                                         add primary key (block_no, document_id);
 
-    -- BM25 statistics per shard (sql/015), carried over from the global tables
-    create table kb.bm25_shard_stats (
+    -- BM25 statistics per shard (sql/015), carried over from the global tables; like every
+    -- table, kb_data's holds each knowledge base's rows and kb.bm25_shard_stats the current one's
+    create table kb_data.bm25_shard_stats (
         anchor   bigint not null,
         lexeme   text not null,
         doc_freq bigint not null,
         tokens   bigint not null,
         reset_at timestamptz,
+        kb_id    integer not null default kb._current_kb(),
         primary key (anchor, lexeme)
     );
-    comment on table kb.bm25_shard_stats is
+    comment on table kb_data.bm25_shard_stats is
         'Distributed layout: each shard''s share of the BM25 statistics (lexeme '''': chunk count '
         'and total length), kept by the shards'' triggers; only the sums over all rows mean anything.';
-    insert into kb.bm25_shard_stats (anchor, lexeme, doc_freq, tokens)
-    select 0, '', s.chunk_count, s.total_tokens from kb.corpus_stats s
+    create view kb.bm25_shard_stats with (security_invoker = true) as
+    select * from kb_data.bm25_shard_stats where kb_id = (select kb._current_kb())
+      with cascaded check option;
+    insert into kb_data.bm25_shard_stats (anchor, lexeme, doc_freq, tokens, kb_id)
+    select 0, '', s.chunk_count, s.total_tokens, s.kb_id from kb_data.corpus_stats s
     union all
-    select 0, l.lexeme, l.doc_freq, 0 from kb.lexeme_stats l;
-    drop table kb.corpus_stats, kb.lexeme_stats;
+    select 0, l.lexeme, l.doc_freq, 0, l.kb_id from kb_data.lexeme_stats l;
+    drop view kb.corpus_stats, kb.lexeme_stats;
+    drop table kb_data.corpus_stats, kb_data.lexeme_stats;
     create view kb.corpus_stats as
     select true as singleton,
            coalesce(pg_catalog.sum(s.doc_freq), 0)::bigint as chunk_count,
@@ -142,62 +148,74 @@ begin
 
     -- the statistics triggers of revisions 0001, 0002 and 0011 write global tables: on the
     -- shards, these write each shard's own rows instead
-    drop trigger chunks_stats_insert on kb.chunks;
-    drop trigger chunks_stats_delete on kb.chunks;
-    drop trigger chunks_stats_update on kb.chunks;
-    drop trigger chunks_lexical_update on kb.chunks;
-    drop trigger chunks_lexical_delete on kb.chunks;
-    drop trigger chunks_truncate on kb.chunks;
+    drop trigger chunks_stats_insert on kb_data.chunks;
+    drop trigger chunks_stats_delete on kb_data.chunks;
+    drop trigger chunks_stats_update on kb_data.chunks;
+    drop trigger chunks_lexical_update on kb_data.chunks;
+    drop trigger chunks_lexical_delete on kb_data.chunks;
+    drop trigger chunks_truncate on kb_data.chunks;
     -- (the indexed metadata keys' bitmaps, revision 0026, are single-server only)
-    drop trigger if exists documents_metadata_changed on kb.documents;
+    drop trigger if exists documents_metadata_changed on kb_data.documents;
     -- the truncation trigger before: Citus gives the shards the triggers a table has when it
     -- is distributed, but passes no later CREATE TRIGGER ... AFTER TRUNCATE on to them (and
     -- copying the rows truncates nothing)
-    create trigger chunks_shard_truncate after truncate on kb.chunks
+    create trigger chunks_shard_truncate after truncate on kb_data.chunks
         for each statement execute function kb._shard_chunks_truncated();
 
     -- documents first (the others are co-located with it), then what references chunks
     if shards is null then
-        perform pg_catalog.create_distributed_table('kb.documents', 'id');
+        perform pg_catalog.create_distributed_table('kb_data.documents', 'id');
     else
-        perform pg_catalog.create_distributed_table('kb.documents', 'id', shard_count => shards);
+        perform pg_catalog.create_distributed_table('kb_data.documents', 'id', shard_count => shards);
     end if;
-    foreach t in array array['kb.chunks', 'kb.edges', 'kb.chunk_links', 'kb.chunk_entities',
-                             'kb.lexical_pending', 'kb.lexical_dirty_blocks'] loop
+    foreach t in array array['kb_data.chunks', 'kb_data.edges', 'kb_data.chunk_links', 'kb_data.chunk_entities',
+                             'kb_data.lexical_pending', 'kb_data.lexical_dirty_blocks'] loop
         perform pg_catalog.create_distributed_table(t::regclass, 'document_id',
-                                                    colocate_with => 'kb.documents');
+                                                    colocate_with => 'kb_data.documents');
     end loop;
-    perform pg_catalog.create_distributed_table('kb.bm25_shard_stats', 'anchor',
-                                                colocate_with => 'kb.documents');
+    perform pg_catalog.create_distributed_table('kb_data.bm25_shard_stats', 'anchor',
+                                                colocate_with => 'kb_data.documents');
     -- Citus copied a populated table's rows into its shards and left them on disk in the
     -- coordinator's own table (with its indexes, HNSW's too), where nothing reads them
-    foreach t in array array['kb.embedding_space', 'kb.lexical_state', 'kb.access_settings',
-                             'kb.access_grants', 'kb.documents', 'kb.chunks', 'kb.edges',
-                             'kb.chunk_links', 'kb.chunk_entities', 'kb.lexical_pending',
-                             'kb.lexical_dirty_blocks', 'kb.bm25_shard_stats'] loop
+    foreach t in array array['kb_data.embedding_space', 'kb_data.lexical_state', 'kb_data.access_settings',
+                             'kb_data.access_grants', 'kb_data.documents', 'kb_data.chunks', 'kb_data.edges',
+                             'kb_data.chunk_links', 'kb_data.chunk_entities', 'kb_data.lexical_pending',
+                             'kb_data.lexical_dirty_blocks', 'kb_data.bm25_shard_stats'] loop
         perform pg_catalog.truncate_local_data_after_distributing_table(t::regclass);
     end loop;
     -- the shards' statistics triggers for rows written, created once the shards hold their
     -- rows: created before, they would fire on the workers as Citus copies a populated table's
     -- rows into shards whose kb.bm25_shard_stats does not exist yet
-    create trigger chunks_shard_insert after insert on kb.chunks
+    create trigger chunks_shard_insert after insert on kb_data.chunks
         referencing new table as new_rows
         for each statement execute function kb._shard_chunks_changed();
-    create trigger chunks_shard_delete after delete on kb.chunks
+    create trigger chunks_shard_delete after delete on kb_data.chunks
         referencing old table as old_rows
         for each statement execute function kb._shard_chunks_changed();
-    create trigger chunks_shard_update after update on kb.chunks
+    create trigger chunks_shard_update after update on kb_data.chunks
         referencing old table as old_rows new table as new_rows
         for each statement execute function kb._shard_chunks_changed();
 
     -- a document's graph rows go with its chunks (an edge with its source chunk; one into a
     -- deleted document is removed when kbpg refreshes the derived edges)
-    alter table kb.edges add foreign key (document_id, src_chunk_id)
-        references kb.chunks (document_id, id) on delete cascade;
-    alter table kb.chunk_links add foreign key (document_id, chunk_id)
-        references kb.chunks (document_id, id) on delete cascade;
-    alter table kb.chunk_entities add foreign key (document_id, chunk_id)
-        references kb.chunks (document_id, id) on delete cascade;
+    alter table kb_data.edges add foreign key (document_id, src_chunk_id)
+        references kb_data.chunks (document_id, id) on delete cascade;
+    alter table kb_data.chunk_links add foreign key (document_id, chunk_id)
+        references kb_data.chunks (document_id, id) on delete cascade;
+    alter table kb_data.chunk_entities add foreign key (document_id, chunk_id)
+        references kb_data.chunks (document_id, id) on delete cascade;
+    -- the views name their knowledge base by a plain call, not a scalar subquery: Citus
+    -- plans a subquery (an InitPlan on one server) as an intermediate result, one more round
+    -- trip to every worker for every statement; the workers evaluate kb._current_kb() there
+    for t in select c.relname from pg_catalog.pg_class c
+              where c.relnamespace = 'kb_data'::pg_catalog.regnamespace and c.relkind in ('r', 'p')
+                and pg_catalog.to_regclass(pg_catalog.format('kb.%I', c.relname)) is not null
+              order by c.relname
+    loop
+        execute pg_catalog.format(
+            'create or replace view kb.%1$I with (security_invoker = true) as '
+            'select * from kb_data.%1$I where kb_id = kb._current_kb() with cascaded check option', t);
+    end loop;
     -- the reader and writer roles (kb.access_setup) get the new table too
     perform kb._access_apply_grants();
 
@@ -220,10 +238,10 @@ $distribute$;
 
 STATUS = """
 select (select pg_catalog.count(*) from pg_catalog.pg_dist_shard
-         where logicalrelid = 'kb.documents'::pg_catalog.regclass),
+         where logicalrelid = 'kb_data.documents'::pg_catalog.regclass),
        (select pg_catalog.count(distinct p.groupid) from pg_catalog.pg_dist_shard s
           join pg_catalog.pg_dist_placement p on p.shardid = s.shardid
-         where s.logicalrelid = 'kb.documents'::pg_catalog.regclass)
+         where s.logicalrelid = 'kb_data.documents'::pg_catalog.regclass)
 """
 HAS_CITUS = "select 1 from pg_catalog.pg_extension where extname = 'citus'"
 IS_DISTRIBUTED = "select kb._distributed()"

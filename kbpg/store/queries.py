@@ -122,44 +122,48 @@ EXISTING_DOCUMENTS: Final = (
 ALLOCATE_IDS: Final = """
 select array(select pg_catalog.nextval(s.documents) from pg_catalog.generate_series(1, %s)),
        array(select pg_catalog.nextval(s.chunks) from pg_catalog.generate_series(1, %s))
-  from (select pg_catalog.pg_get_serial_sequence('kb.documents', 'id')::pg_catalog.regclass,
-               pg_catalog.pg_get_serial_sequence('kb.chunks', 'id')::pg_catalog.regclass)
+  from (select pg_catalog.pg_get_serial_sequence('kb_data.documents', 'id')::pg_catalog.regclass,
+               pg_catalog.pg_get_serial_sequence('kb_data.chunks', 'id')::pg_catalog.regclass)
        as s(documents, chunks)
 """
 ALL_DOCUMENTS: Final = "select id, source from kb.documents"
 UPDATE_DOCUMENT: Final = """
-update kb.documents
+update kb_data.documents
    set title = %s, category = %s, groups = %s, labels = %s, metadata = %s,
        content_hash = %s, updated_at = now()
- where id = %s
+ where kb_id = (select kb._current_kb()) and (id = %s)
 """
-DELETE_CHUNKS_OF: Final = "delete from kb.chunks where document_id = any(%s)"
-DELETE_DOCUMENTS_BY_ID: Final = "delete from kb.documents where id = any(%s)"
+DELETE_CHUNKS_OF: Final = (
+    "delete from kb_data.chunks where kb_id = (select kb._current_kb()) and document_id = any(%s)"
+)
+DELETE_DOCUMENTS_BY_ID: Final = (
+    "delete from kb_data.documents where kb_id = (select kb._current_kb()) and id = any(%s)"
+)
 # COPY writes the given ids into the identity columns (as OVERRIDING SYSTEM VALUE would)
 COPY_DOCUMENTS: Final = (
-    "copy kb.documents (id, source, title, category, groups, labels, metadata, content_hash)"
+    "copy kb_data.documents (id, source, title, category, groups, labels, metadata, content_hash)"
     " from stdin"
 )
 COPY_CHUNKS: Final = (
-    "copy kb.chunks (id, document_id, ordinal, section, content, groups, category, labels,"
+    "copy kb_data.chunks (id, document_id, ordinal, section, content, groups, category, labels,"
     " embedding, context, context_key) from stdin (format binary)"
 )
 CHUNK_TYPES: Final = [
     "int8", "int8", "int4", "text", "text", "text[]", "text", "text[]", "vector", "text", "text"
 ]  # fmt: skip
 COPY_EDGES: Final = (
-    "copy kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id) from stdin"
+    "copy kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id) from stdin"
 )
 COPY_LINKS: Final = (
-    "copy kb.chunk_links (chunk_id, target_source, fragment, document_id) from stdin"
+    "copy kb_data.chunk_links (chunk_id, target_source, fragment, document_id) from stdin"
 )
-COPY_ENTITIES: Final = "copy kb.chunk_entities (entity, chunk_id, document_id) from stdin"
+COPY_ENTITIES: Final = "copy kb_data.chunk_entities (entity, chunk_id, document_id) from stdin"
 REFRESH_LEXICAL_INDEX: Final = "select * from kb.refresh_lexical_index()"
 # COPY FROM is refused on a table whose row-level security applies to the role (kbpg access
 # enable; a writer role is subject to it, its policy admits every row): copy into a temporary
 # table instead and INSERT from it, which the policies check
-ROW_SECURITY_ACTIVE: Final = "select pg_catalog.row_security_active('kb.chunks'::regclass)"
-_COPY = re.compile(r"copy kb\.(\w+) \(([^)]*)\) from stdin(.*)", re.DOTALL)
+ROW_SECURITY_ACTIVE: Final = "select pg_catalog.row_security_active('kb_data.chunks'::regclass)"
+_COPY = re.compile(r"copy kb_data\.(\w+) \(([^)]*)\) from stdin(.*)", re.DOTALL)
 
 
 def staged_copy(copy_sql: str) -> tuple[str, str, str, str]:
@@ -174,7 +178,7 @@ def staged_copy(copy_sql: str) -> tuple[str, str, str, str]:
     return (
         f"create temp table {stage} on commit drop as select {columns} from kb.{table} with no data",
         f"copy {stage} ({columns}) from stdin{options}",
-        f"insert into kb.{table} ({columns}){overriding} select {columns} from {stage}",
+        f"insert into kb_data.{table} ({columns}){overriding} select {columns} from {stage}",
         f"drop table {stage}",
     )
 
@@ -218,19 +222,19 @@ with link_edges as (
      where dst is not null and src <> dst
      group by src, dst, relation
 ), removed as (
-    delete from kb.edges e
-     where e.relation in ('link', 'entity')
+    delete from kb_data.edges e
+     where e.kb_id = (select kb._current_kb()) and (e.relation in ('link', 'entity')
        and not exists (select 1 from desired d where d.src = e.src_chunk_id
-                          and d.dst = e.dst_chunk_id and d.relation = e.relation)
+                          and d.dst = e.dst_chunk_id and d.relation = e.relation))
     returning 1
 ), reweighted as (
-    update kb.edges e set weight = d.weight
+    update kb_data.edges e set weight = d.weight
       from desired d
-     where d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
-       and e.weight <> d.weight
+     where e.kb_id = (select kb._current_kb()) and (d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
+       and e.weight <> d.weight)
     returning 1
 ), added as (
-    insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
+    insert into kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
     select d.src, d.dst, d.relation, d.weight, d.document_id from desired d
      where not exists (select 1 from kb.edges e where e.src_chunk_id = d.src
                           and e.dst_chunk_id = d.dst and e.relation = d.relation)
@@ -246,7 +250,7 @@ REFRESH_EDGES_DISTRIBUTED: Final = (
     "link_weight => %(link_weight)s::real, max_docs => %(max_docs)s::integer)"
 )
 # what kb._distributed() asks, without calling it: a reader may execute only the reader API
-DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb.bm25_shard_stats') is not null"
+DISTRIBUTED: Final = "select pg_catalog.to_regclass('kb_data.bm25_shard_stats') is not null"
 
 # -- maintenance ------------------------------------------------------------------------------
 
@@ -263,17 +267,20 @@ DOCUMENT_CHUNKS: Final = (
     " from kb.get_document(variadic %(sources)s::text[])"
 )
 DELETE_DOCUMENT_BY_SOURCE: Final = (
-    "delete from kb.documents where source = any(%s) returning source"
+    "delete from kb_data.documents where kb_id = (select kb._current_kb()) and source = any(%s)"
+    " returning source"
 )
 # a source as given or resolved, or a folder: the documents ingested from under it
 DELETE_DOCUMENTS_BY_PATH: Final = """
-delete from kb.documents d
- where d.source = any(%(sources)s)
+delete from kb_data.documents d
+ where d.kb_id = (select kb._current_kb()) and (d.source = any(%(sources)s)
     or exists (select 1 from pg_catalog.unnest(%(folders)s::text[]) f
-                where pg_catalog.starts_with(d.source, f))
+                where pg_catalog.starts_with(d.source, f)))
 returning d.source
 """
-DELETE_ALL_DOCUMENTS: Final = "delete from kb.documents"
+DELETE_ALL_DOCUMENTS: Final = (
+    "delete from kb_data.documents where kb_id = (select kb._current_kb())"
+)
 STATS: Final = (
     "select documents, chunks, chunks_without_embedding, edges, model, dimension, layout,"
     " coalesce(indexed, false), bm25_chunks, bm25_tokens, bm25_lexemes, language from kb.stats()"
@@ -289,7 +296,7 @@ select c.relname, case c.relkind when 'p' then 'r' when 'I' then 'i' else c.relk
                      union all
                      select p.relid from pg_catalog.pg_partition_tree(c.oid) p
                       where c.relkind in ('p', 'I') and p.isleaf) t
- where c.relnamespace = 'kb'::regnamespace and c.relkind in ('r', 'i', 'p', 'I')
+ where c.relnamespace = 'kb_data'::regnamespace and c.relkind in ('r', 'i', 'p', 'I')
    and not c.relispartition
  group by c.relname, c.relkind
  order by 2 desc, 1
@@ -306,7 +313,7 @@ select c.relname, c.relkind::text, s.size, s.total
                  else pg_catalog.citus_relation_size(c.oid) end as size,
             case when p.logicalrelid is null then pg_catalog.pg_total_relation_size(c.oid)
                  else pg_catalog.citus_total_relation_size(c.oid) end as total) s
- where c.relnamespace = 'kb'::regnamespace and c.relkind = 'r'
+ where c.relnamespace = 'kb_data'::regnamespace and c.relkind = 'r'
 union all
 select i.relname, 'i', s.size, s.size
   from pg_catalog.pg_index x
@@ -319,7 +326,7 @@ select i.relname, 'i', s.size, s.size
                               'select pg_catalog.pg_relation_size(''kb.%s_'' || '
                               'pg_catalog.substring(''%%s'', ''_(\d+)$''))', i.relname)) r
                         where r.success) end as size) s
- where i.relnamespace = 'kb'::regnamespace
+ where i.relnamespace = 'kb_data'::regnamespace
  order by 2 desc, 1
 """
 RESET_EMBEDDING_SPACE: Final = (
@@ -339,7 +346,8 @@ REEMBED_TABLE: Final = (
 REEMBED_READ: Final = "select id, section, content, context from kb.chunks order by id"
 REEMBED_COPY: Final = "copy kbpg_reembed (id, embedding) from stdin (format binary)"
 REEMBED_APPLY: Final = (
-    "update kb.chunks c set embedding = r.embedding from kbpg_reembed r where r.id = c.id"
+    "update kb_data.chunks c set embedding = r.embedding from kbpg_reembed r"
+    " where c.kb_id = (select kb._current_kb()) and r.id = c.id"
 )
 
 # -- eval and status --------------------------------------------------------------------------
@@ -394,8 +402,8 @@ CONTEXT_READ: Final = (
 )
 # the document id too: on a distributed knowledge base it names the one shard to update
 CONTEXT_WRITE: Final = (
-    "update kb.chunks set context = %s, context_key = %s, embedding = %s"
-    " where id = %s and document_id = %s"
+    "update kb_data.chunks set context = %s, context_key = %s, embedding = %s"
+    " where kb_id = (select kb._current_kb()) and id = %s and document_id = %s"
 )
 
 
@@ -416,23 +424,23 @@ SPACE_LAYOUT_AND_CHUNKS: Final = (
 SET_LOCAL: Final = "select pg_catalog.set_config(%s, %s, true)"
 SET_EMBEDDING_LAYOUT: Final = "select kb.set_embedding_layout(%s)"
 VECTOR_INDEX_PRESENT: Final = (
-    "select pg_catalog.to_regclass('kb.chunks_embedding_hnsw') is not null"
+    "select pg_catalog.to_regclass('kb_data.chunks_embedding_hnsw') is not null"
 )
-DROP_VECTOR_INDEX: Final = "drop index kb.chunks_embedding_hnsw"
+DROP_VECTOR_INDEX: Final = "drop index kb_data.chunks_embedding_hnsw"
 # other sessions holding a lock on kb.chunks (its state and start: visible to the same role or
 # pg_read_all_stats only, NULL otherwise)
 CHUNKS_LOCK_HOLDERS: Final = """
 select distinct a.pid, a.usename, a.application_name, a.state, a.xact_start
   from pg_catalog.pg_locks l
   join pg_catalog.pg_stat_activity a on a.pid = l.pid
- where l.locktype = 'relation' and l.relation = 'kb.chunks'::pg_catalog.regclass
+ where l.locktype = 'relation' and l.relation = 'kb_data.chunks'::pg_catalog.regclass
    and l.granted and l.pid <> pg_catalog.pg_backend_pid()
  order by a.pid
 """
 # dropping or building the index takes its owner's privileges (those of kb.chunks' owner)
 MAY_REBUILD_VECTOR_INDEX: Final = (
     "select pg_catalog.pg_has_role(c.relowner, 'USAGE') from pg_catalog.pg_class c"
-    " where c.oid = 'kb.chunks'::pg_catalog.regclass"
+    " where c.oid = 'kb_data.chunks'::pg_catalog.regclass"
 )
 HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"
 

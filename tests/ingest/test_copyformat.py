@@ -96,7 +96,7 @@ def test_what_is_not_encoded_is_dumped_by_psycopg(conn: psycopg.Connection[Any])
     for encoded in (True, False):
         with conn.transaction(force_rollback=True), conn.cursor() as cur:
             with pytest.raises(TypeError) as raised:  # noqa: SIM117 (the COPY raises, not `with`)
-                with cur.copy("copy kb.chunks (labels) from stdin (format binary)") as copy:
+                with cur.copy("copy kb_data.chunks (labels) from stdin (format binary)") as copy:
                     if encoded:
                         use_encoded(copy, ("text[]",))
                     copy.set_types(["text[]"])

@@ -13,7 +13,7 @@ from kbpg.store import db as kdb
 from tests.ingest.test_ingest import kb as kb  # the fixture
 from tests.ingest.test_ingest import rows
 
-INDEX_OID = "select 'kb.chunks_embedding_hnsw'::regclass::oid"
+INDEX_OID = "select 'kb_data.chunks_embedding_hnsw'::regclass::oid"
 
 
 def small_folder(root: Path, n: int, word: str = "parking") -> Path:

@@ -88,15 +88,15 @@ def rows(url: str, sql: str, params: Any = None) -> list[tuple[Any, ...]]:
 def snapshot(url: str) -> dict[str, list[tuple[Any, ...]]]:
     """Every row of every table ingest writes, with its xmin (changes on any rewrite)."""
     queries = {
-        "documents": "select xmin::text, id, updated_at from kb.documents order by id",
-        "chunks": "select xmin::text, id from kb.chunks order by id",
-        "edges": "select xmin::text, src_chunk_id, dst_chunk_id, relation from kb.edges "
+        "documents": "select xmin::text, id, updated_at from kb_data.documents order by id",
+        "chunks": "select xmin::text, id from kb_data.chunks order by id",
+        "edges": "select xmin::text, src_chunk_id, dst_chunk_id, relation from kb_data.edges "
         "order by 2, 3, 4",
-        "links": "select xmin::text, chunk_id, target_source from kb.chunk_links order by 2, 3",
-        "entities": "select xmin::text, entity, chunk_id from kb.chunk_entities order by 2, 3",
-        "lexemes": "select xmin::text, lexeme, doc_freq from kb.lexeme_stats order by 2",
-        "corpus": "select xmin::text, chunk_count, total_tokens from kb.corpus_stats",
-        "space": "select xmin::text, model from kb.embedding_space",
+        "links": "select xmin::text, chunk_id, target_source from kb_data.chunk_links order by 2, 3",
+        "entities": "select xmin::text, entity, chunk_id from kb_data.chunk_entities order by 2, 3",
+        "lexemes": "select xmin::text, lexeme, doc_freq from kb_data.lexeme_stats order by 2",
+        "corpus": "select xmin::text, chunk_count, total_tokens from kb_data.corpus_stats",
+        "space": "select xmin::text, model from kb_data.embedding_space",
     }
     return {name: rows(url, sql) for name, sql in queries.items()}
 

@@ -186,17 +186,19 @@ def test_first_load_builds_the_index_after_the_rows(
     # built once, after the load: the index is newer than every chunk row's transaction
     ((indexed, layout),) = rows(
         db_url,
-        "select to_regclass('kb.chunks_embedding_hnsw') is not null, layout from kb.embedding_space",
+        "select to_regclass('kb_data.chunks_embedding_hnsw') is not null, layout from kb.embedding_space",
     )
     assert indexed and layout == "halfvec"
     (n,) = rows(db_url, "select count(*) from kb.chunks")[0]
     assert n == 3000
     # an index that is missing (an interrupted load) is rebuilt by the next ingest
     with kdb.connect(db_url, autocommit=True) as conn:
-        conn.execute("drop index kb.chunks_embedding_hnsw")
+        conn.execute("drop index kb_data.chunks_embedding_hnsw")
     again = run_kbpg("ingest", str(path), env=cli_env)
     assert again.returncode == 0 and "unchanged 3000" in again.stderr
-    assert rows(db_url, "select to_regclass('kb.chunks_embedding_hnsw') is not null") == [(True,)]
+    assert rows(db_url, "select to_regclass('kb_data.chunks_embedding_hnsw') is not null") == [
+        (True,)
+    ]
 
 
 def test_defer_index_only_for_a_load_that_dwarfs_the_knowledge_base(
@@ -230,7 +232,7 @@ def test_index_build_progress_from_a_second_connection(
         with (
             conn.cursor() as cur,
             cur.copy(
-                "copy kb.chunks (document_id, ordinal, content, embedding) from stdin"
+                "copy kb_data.chunks (document_id, ordinal, content, embedding) from stdin"
             ) as copy,
         ):
             for i, v in enumerate(rng.normal(size=(6000, 256))):

@@ -29,7 +29,7 @@ def language_of(akb: AccessKb) -> tuple[str, str]:
         row = conn.execute(
             "select (select name from kb.language),"
             " (select pg_catalog.pg_get_triggerdef(oid) from pg_catalog.pg_trigger"
-            "   where tgrelid = 'kb.chunks'::regclass and tgname = 'chunks_text_search')"
+            "   where tgrelid = 'kb_data.chunks'::regclass and tgname = 'chunks_text_search')"
         ).fetchone()
     assert row is not None
     return str(row[0]), str(row[1])
@@ -108,7 +108,7 @@ def test_a_writer_reads_the_language_but_only_the_owner_changes_it(kb: AccessKb)
             "update kb.language set name = 'russian'",
             "delete from kb.language",
             "insert into kb.language default values",
-            "truncate kb.language",
+            "truncate kb_data.language",
             "select * from kb.set_language('russian')",  # re-creates the trigger: the owner's
         ):
             with pytest.raises(psycopg.errors.InsufficientPrivilege):

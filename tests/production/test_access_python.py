@@ -151,9 +151,9 @@ def test_writer_principal_loads_a_collection_larger_than_the_knowledge_base(
             " join kb.documents d on d.id = c.document_id",
             (str(bulk) + "%",),
         ).fetchone()
-        index = conn.execute("select to_regclass('kb.chunks_embedding_hnsw')").fetchone()
+        index = conn.execute("select to_regclass('kb_data.chunks_embedding_hnsw')").fetchone()
     assert counts is not None and counts[0] == summary.chunks and 2 * counts[0] > counts[1]
-    assert index == ("kb.chunks_embedding_hnsw",)
+    assert index == ("kb_data.chunks_embedding_hnsw",)
     hits = retriever.search("walrus3", top=3, principal=who["walt"])
     assert Path(hits.chunks[0].source).name == "part3.md"
 

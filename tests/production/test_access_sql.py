@@ -428,7 +428,7 @@ def test_row_security_turned_on_by_hand_hides_an_unsplit_cache(akb: AccessKb) ->
     i = akb.ids
     with akb.connect("owner") as conn:
         for table in ("documents", "chunks", "edges", "lexical_blocks"):
-            conn.execute(f"alter table kb.{table} enable row level security")
+            conn.execute(f"alter table kb_data.{table} enable row level security")
         assert conn.execute("select split_by_groups from kb.lexical_state").fetchone() == (False,)
     with akb.connect("alice") as conn:
         got = chunk_ids(conn, "select chunk_id from kb.search_lexical('budget salary', 10)")

@@ -40,7 +40,7 @@ def test_sql_is_printed_without_a_database() -> None:
     assert script.startswith("\\set ON_ERROR_STOP on\nbegin;\ndo $distribute$")
     assert script.rstrip().endswith("commit;")
     assert "shards constant integer := 8;" in script
-    assert "create_distributed_table('kb.documents', 'id', shard_count => shards)" in script
+    assert "create_distributed_table('kb_data.documents', 'id', shard_count => shards)" in script
     default = run_kbpg("db", "distribute", "--sql", env=env).stdout
     assert "shards constant integer := null;" in default
 

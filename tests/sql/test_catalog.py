@@ -163,9 +163,9 @@ READER_API = {
     "kb.facets",
 }
 # The other SECURITY DEFINER functions: the triggers a table source puts on an application's
-# table, so that the application's roles need no grant on schema kb; they write one table (the
-# statement kb._source_change_sql builds, executed), and no reader may execute them. Nothing else
-# may be SECURITY DEFINER.
+# table, so that the application's roles need no grant on schema kb; they write one table,
+# kb_data.source_queue (the statement kb._source_change_sql builds, executed), and no reader may
+# execute them. Nothing else may be SECURITY DEFINER.
 SOURCE_TRIGGERS = {"kb._source_enqueue()", "kb._source_enqueue_truncate()"}
 # The catalog's writers (issue 38): kb.table_sources is the owner's, writers change it through
 # these, each checking its caller and its arguments (tests/sql/test_definer_functions.py says
@@ -187,7 +187,7 @@ def test_every_function_pins_search_path_and_only_the_reader_api_is_security_def
         if name in SOURCE_TRIGGERS:
             assert secdef and trigger, name
             written = set(re.findall(r"insert\s+into\s+([\w.]+)", source, re.IGNORECASE))
-            assert written <= {"kb.source_queue"}, (name, written)
+            assert written <= {"kb_data.source_queue"}, (name, written)
             code = re.sub(r"'(?:[^']|'')*'", "''", re.sub(r"--[^\n]*", "", source))
             assert not re.search(r"\b(update\s|delete\s+from)", code, re.I), name
             executed = re.findall(r"\bexecute\s+(\w+)", code, re.I)
@@ -395,7 +395,7 @@ def test_security_definer_functions_belong_to_the_owner_and_not_to_public(conn):
         "       has_function_privilege(s.writer_role, p.oid, 'EXECUTE'), p.prolang"
         "  from pg_proc p, pg_class c, kb.access_settings s"
         " where p.pronamespace = 'kb'::regnamespace and p.prosecdef"
-        "   and c.oid = 'kb.chunks'::regclass"
+        "   and c.oid = 'kb_data.chunks'::regclass"
     ).fetchall()
     sources = SOURCE_TRIGGERS | SOURCE_CATALOG
     assert {r[0].split("(")[0] for r in rows if r[0] not in sources} == READER_API

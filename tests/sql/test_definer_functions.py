@@ -144,7 +144,7 @@ def test_a_writer_cannot_point_a_source_at_its_temp_table(conn: psycopg.Connecti
     ):
         with raises_sqlstate(conn, "42501") as info:
             conn.execute(statement)
-        assert info.value.diag.message_primary == "permission denied for table table_sources"
+        assert info.value.diag.message_primary == "permission denied for view table_sources"
     # ... and its helpers refuse a temp table, whichever way it is named
     for call in (
         "select kb.add_table_source('evil', 'pg_temp.t', text => 'body')",

@@ -27,7 +27,7 @@ select count(*) from kb.chunks c
 SNAPSHOT = """
 select (select name from kb.language),
        (select pg_catalog.pg_get_triggerdef(t.oid) from pg_catalog.pg_trigger t
-         where t.tgrelid = 'kb.chunks'::regclass and t.tgname = 'chunks_text_search'),
+         where t.tgrelid = 'kb_data.chunks'::regclass and t.tgname = 'chunks_text_search'),
        (select md5(string_agg(tsv::text || ':' || token_count, ',' order by id)) from kb.chunks),
        (select row(chunk_count, total_tokens)::text from kb.corpus_stats),
        (select md5(string_agg(lexeme || ':' || doc_freq, ',' order by lexeme)) from kb.lexeme_stats),

@@ -103,7 +103,7 @@ def corpus(conn: psycopg.Connection[Any]) -> tuple[np.ndarray, list[int]]:
     with (
         conn.cursor() as cur,
         cur.copy(
-            "copy kb.chunks (document_id, ordinal, content, groups, embedding) from stdin"
+            "copy kb_data.chunks (document_id, ordinal, content, groups, embedding) from stdin"
         ) as copy,
     ):
         for i, v in enumerate(vectors):
@@ -136,7 +136,7 @@ def test_every_layout_uses_its_index_and_returns_exact_similarities(conn, corpus
     assert "Index Scan using chunks_embedding_hnsw" in plans
     # the index scan's order: the layout's expression and operator (names qualified or not)
     order_by = {
-        "vector": r"Order By: \(embedding OPERATOR\(\w+\.<=>\)",
+        "vector": r"Order By: \(\(embedding\)::\w+\.vector\(64\) OPERATOR\(\w+\.<=>\)",
         "halfvec": r"Order By: \(\(embedding\)::\w+\.halfvec\(64\) OPERATOR\(\w+\.<=>\)",
         "binary": r"Order By: \(\(\w+\.binary_quantize\(embedding\)\)::bit\(64\) OPERATOR\(\w+\.<~>\)",
     }
@@ -213,6 +213,6 @@ def test_relayout_keeps_filters_and_extra_embeddings(conn, corpus):
     expected = [rare[i] for i in np.argsort(-best)[:5]]
     assert results == {"vector": expected, "halfvec": expected, "binary": expected}
     assert conn.execute(
-        "select count(*) from pg_indexes where schemaname = 'kb'"
+        "select count(*) from pg_indexes where schemaname = 'kb_data'"
         " and indexname like 'chunks_embedding_hnsw%%'"
     ).fetchone() == (1,)

@@ -1,6 +1,6 @@
-"""kbpg on a kb.chunks partitioned by tenant, built as docs/scaling.md section 4 describes
-(benchmarks/partitioned_chunks.py): `kbpg stats`, the BM25 statistics after a detach, and the
-vector index build's progress."""
+"""kbpg on a kb_data.chunks (kb.chunks: a view of it) partitioned by tenant, built as
+docs/scaling.md section 4 describes (benchmarks/partitioned_chunks.py): `kbpg stats`, the BM25
+statistics after a detach, and the vector index build's progress."""
 
 from __future__ import annotations
 
@@ -41,7 +41,7 @@ def test_stats_counts_a_partitioned_table_as_one(db_url, cli_env):
     with partitioned(db_url) as conn:
         row = conn.execute(
             "select sum(pg_total_relation_size(relid))::bigint"
-            " from pg_partition_tree('kb.chunks') where isleaf"
+            " from pg_partition_tree('kb_data.chunks') where isleaf"
         ).fetchone()
         assert row is not None
         leaves = row[0]
@@ -59,7 +59,7 @@ def test_recount_repairs_the_statistics_after_a_detach(db_url):
     with partitioned(db_url) as conn:
         before = counted_statistics(conn)
         assert bm25_statistics(conn) == before
-        conn.execute("alter table kb.chunks detach partition kb.chunks_t01")
+        conn.execute("alter table kb_data.chunks detach partition kb_data.chunks_t01")
         # a detach fires no delete trigger: the statistics still count t01's chunks
         assert bm25_statistics(conn) == before
         assert counted_statistics(conn)[0] == (3, before[0][1] // 2)
@@ -78,7 +78,7 @@ def test_index_progress_counts_partitions(db_url, monkeypatch):
         for tenant in TENANTS:
             doc = add_doc(conn, f"{tenant}-doc", category=tenant)
             with conn.cursor().copy(
-                "copy kb.chunks (document_id, ordinal, content, category, embedding) from stdin"
+                "copy kb_data.chunks (document_id, ordinal, content, category, embedding) from stdin"
             ) as copy:
                 for i, v in enumerate(rng.normal(size=(3000, 256))):
                     copy.write_row((doc, i, "c", tenant, "[" + ",".join(map(str, v)) + "]"))
@@ -105,7 +105,11 @@ def test_language_change_on_a_partitioned_table(db_url):
             "select tgrelid::regclass::text, pg_get_triggerdef(oid) from pg_trigger"
             " where tgname = 'chunks_text_search' order by 1"
         ).fetchall()
-        assert [t[0] for t in triggers] == ["kb.chunks", "kb.chunks_t00", "kb.chunks_t01"]
+        assert [t[0] for t in triggers] == [
+            "kb_data.chunks",
+            "kb_data.chunks_t00",
+            "kb_data.chunks_t01",
+        ]
         assert all("_chunks_text_search_language('german')" in t[1] for t in triggers)
         doc = add_doc(conn, "t00-de", category="t00", groups=["t00"])
         add_chunk(conn, doc, "Die Häuser am Fluss")

@@ -29,7 +29,7 @@ def test_vector_in_schema_extensions_upgrade_and_hybrid_search(
         ).fetchone() == ("extensions",)
         assert conn.execute(
             "select format_type(a.atttypid, a.atttypmod) from pg_attribute a"
-            " where a.attrelid = 'kb.chunks'::regclass and a.attname = 'embedding'"
+            " where a.attrelid = 'kb_data.chunks'::regclass and a.attname = 'embedding'"
         ).fetchone() == ("extensions.vector",)
         # the caller's search_path does not name `extensions`: kb's functions need not either
         assert "extensions" not in conn.execute("show search_path").fetchone()[0]
@@ -63,7 +63,7 @@ def test_vector_in_schema_extensions_upgrade_and_hybrid_search(
         lexical = conn.execute("select chunk_id from kb.search('permit office')").fetchall()
         assert lexical[0] == (ids[1],)
         index = conn.execute(
-            "select pg_get_indexdef('kb.chunks_embedding_hnsw'::regclass)"
+            "select pg_get_indexdef('kb_data.chunks_embedding_hnsw'::regclass)"
         ).fetchone()[0]
         assert "extensions.halfvec_cosine_ops" in index  # the default layout of 3-d spaces
 

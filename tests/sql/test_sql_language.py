@@ -49,7 +49,7 @@ def test_a_new_knowledge_base_is_in_english(conn):
     assert conn.execute("select name from kb.language").fetchone() == ("english",)
     trigger = conn.execute(
         "select pg_catalog.pg_get_triggerdef(oid) from pg_catalog.pg_trigger"
-        " where tgrelid = 'kb.chunks'::regclass and tgname = 'chunks_text_search'"
+        " where tgrelid = 'kb_data.chunks'::regclass and tgname = 'chunks_text_search'"
     ).fetchone()
     assert trigger is not None and "_chunks_text_search_language('english')" in trigger[0]
 

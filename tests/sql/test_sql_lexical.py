@@ -429,7 +429,7 @@ def test_the_cache_serves_a_knowledge_base_whose_ids_grew_by_reingests(conn):
     span far more blocks than hold chunks. Whether the cache or exact scoring from the tsvector
     serves a query depends on the blocks the cache holds (here 3 or 4), not on the id range."""
     conn.execute(
-        "select setval('kb.chunks_id_seq', (select coalesce(max(id), 1) from kb.chunks) + 500000)"
+        "select setval('kb_data.chunks_id_seq', (select coalesce(max(id), 1) from kb.chunks) + 500000)"
     )
     vocab = zipf_corpus(conn, "churn", 600, random.Random(13), reverse=False)
     conn.execute("update kb.lexical_state set block_size = 200")
@@ -453,7 +453,7 @@ def test_truncate_resets_the_statistics_and_the_cache(conn):
     zipf_corpus(conn, "old", 800, rng, reverse=False)
     conn.execute("update kb.lexical_state set block_size = 100")
     conn.execute("select kb.refresh_lexical_index()")
-    conn.execute("truncate kb.documents, kb.chunks restart identity cascade")
+    conn.execute("truncate kb_data.documents, kb_data.chunks restart identity cascade")
     assert bm25_statistics(conn) == ((0, 0), {})
     state = conn.execute(
         "select watermark, (select count(*) from kb.lexical_blocks) from kb.lexical_state"
@@ -482,13 +482,13 @@ def test_recount_repairs_what_the_triggers_did_not_see(conn):
         "select min(id) from kb.chunks where not tsv @@ to_tsquery('english', %s)", (frequent,)
     ).fetchone()
     assert victim is not None and victim[0] is not None
-    conn.execute("alter table kb.chunks disable trigger chunks_stats_update")
-    conn.execute("alter table kb.chunks disable trigger chunks_lexical_update")
+    conn.execute("alter table kb_data.chunks disable trigger chunks_stats_update")
+    conn.execute("alter table kb_data.chunks disable trigger chunks_lexical_update")
     conn.execute(
         "update kb.chunks set content = %s where id = %s", (" ".join([frequent] * 12), victim[0])
     )
-    conn.execute("alter table kb.chunks enable trigger chunks_stats_update")
-    conn.execute("alter table kb.chunks enable trigger chunks_lexical_update")
+    conn.execute("alter table kb_data.chunks enable trigger chunks_stats_update")
+    conn.execute("alter table kb_data.chunks enable trigger chunks_lexical_update")
     force_cache_path(conn, True)
     assert lexical(conn, frequent, 1)[0][1] != victim[0]  # its new text is not in the cache
     # and the statistics off in every way: counts, a lexeme missing, three miscounted, one left
@@ -562,7 +562,7 @@ def test_tsvector_and_token_count_follow_the_text(conn: psycopg.Connection[Any])
     with (
         conn.cursor() as cur,
         cur.copy(
-            "copy kb.chunks (document_id, ordinal, content, tsv, token_count) from stdin"
+            "copy kb_data.chunks (document_id, ordinal, content, tsv, token_count) from stdin"
         ) as copy,
     ):
         copy.write_row((doc, 1, "Bins are collected weekly", "'forged'", 1))
@@ -801,7 +801,7 @@ def value_cache_reads(conn: psycopg.Connection[Any]) -> int:
     """Scans of kb.lexical_filter_blocks so far in this transaction."""
     row = conn.execute(
         "select coalesce(seq_scan, 0) + coalesce(idx_scan, 0) from pg_stat_xact_user_tables"
-        " where relid = 'kb.lexical_filter_blocks'::regclass"
+        " where relid = 'kb_data.lexical_filter_blocks'::regclass"
     ).fetchone()
     return int(row[0]) if row else 0
 

@@ -40,12 +40,15 @@ def test_the_index_and_cache_first_the_chunks_last(conn, small_kb):
     conn.execute("create extension pg_prewarm")  # rolled back with the test's transaction
     rows = conn.execute("select relation, mode, bytes from kb.prewarm()").fetchall()
     names = [r[0] for r in rows]
-    assert names[0] == "kb.chunks_embedding_hnsw"
+    assert names[0] == "kb_data.chunks_embedding_hnsw"
     assert {r[1] for r in rows} == {"buffer"}  # a few pages: all fit in shared buffers
-    cache = [i for i, n in enumerate(names) if n.startswith("kb.lexical_blocks")]
-    assert cache and max(cache) < names.index("kb.chunks_pkey")  # the cache before other indexes
-    assert names[-1] in ("kb.chunks", "kb.documents") or names[-1].startswith("pg_toast.")
-    assert names.index("kb.chunks") > names.index("kb.documents")  # the biggest table last
+    cache = [i for i, n in enumerate(names) if n.startswith("kb_data.lexical_blocks")]
+    # the cache before other indexes
+    assert cache and max(cache) < names.index("kb_data.chunks_pkey")
+    assert names[-1] in ("kb_data.chunks", "kb_data.documents") or names[-1].startswith("pg_toast.")
+    assert names.index("kb_data.chunks") > names.index(
+        "kb_data.documents"
+    )  # the biggest table last
     assert all(r[2] > 0 for r in rows)
 
 
@@ -55,12 +58,12 @@ def test_what_does_not_fit_the_budget_goes_to_the_os_cache(conn, small_kb):
     conn.execute("create extension pg_prewarm")
     # a budget of exactly the HNSW index's pages: it alone goes into shared buffers
     row = conn.execute(
-        "select pg_relation_size('kb.chunks_embedding_hnsw')::float8"
+        "select pg_relation_size('kb_data.chunks_embedding_hnsw')::float8"
         " / pg_size_bytes(current_setting('shared_buffers'))"
     ).fetchone()
     assert row is not None
     rows = conn.execute("select relation, mode from kb.prewarm(%s)", (row[0],)).fetchall()
-    assert rows[0] == ("kb.chunks_embedding_hnsw", "buffer")
+    assert rows[0] == ("kb_data.chunks_embedding_hnsw", "buffer")
     assert {mode for _, mode in rows[1:]} == {"read"}
     assert {mode for _, mode in conn.execute("select relation, mode from kb.prewarm(0)")} == {
         "read"

@@ -161,7 +161,7 @@ def test_no_lexical_hits_rank_by_similarity(conn, kb):
 def test_lexical_failure_degrades_to_vector_with_notice(conn, kb):
     notices: list[str] = []
     conn.add_notice_handler(lambda d: notices.append(d.message_primary or ""))
-    conn.execute("alter table kb.lexeme_stats rename to lexeme_stats_broken")
+    conn.execute("alter view kb.lexeme_stats rename to lexeme_stats_broken")
     rows = search(conn, "renew permit", [1, 0, 0])
     assert [r["chunk_id"] for r in rows] == [kb["a1"], kb["a2"]]
     assert [r["score"] for r in rows] == pytest.approx([1 / 61, 1 / 62], abs=1e-12)

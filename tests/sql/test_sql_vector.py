@@ -122,8 +122,8 @@ def test_selective_filter_still_fills_top_k(conn, random_corpus, path):
         conn.execute("select set_config('enable_seqscan', 'off', true)")
         conn.execute("select set_config('enable_bitmapscan', 'off', true)")
         plan = conn.execute(
-            "explain select id from kb.chunks where groups && '{rare}' and embedding is not null"
-            " order by embedding <=> %s::vector limit 10",
+            "explain select id from kb_data.chunks where groups && '{rare}' and embedding is not null"
+            " order by embedding::vector(8) <=> %s::vector(8) limit 10",
             (vec([1.0] * 8),),
         ).fetchall()
         assert "chunks_embedding_hnsw" in " ".join(r[0] for r in plan)
@@ -180,7 +180,7 @@ def test_another_model_is_refused_with_kb001(conn, space3):
 
 def hnsw_scans(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(
-        "select pg_stat_get_xact_numscans('kb.chunks_embedding_hnsw'::regclass)"
+        "select pg_stat_get_xact_numscans('kb_data.chunks_embedding_hnsw'::regclass)"
     ).fetchone()
     assert row is not None
     return int(row[0])

@@ -333,7 +333,8 @@ def test_a_key_claimed_by_another_worker_meanwhile_goes_back(committed: str) -> 
 
 def test_a_downgrade_keeps_each_keys_first_entry(committed: str) -> None:
     """Revision 0026 keyed the queue by key: going back keeps each key's earliest entry, and the
-    claim of this revision works on either layout."""
+    entries come back whole. (Below 0028 the functions are the older release's own: the
+    downgrade drops those that read the views, so only the queue's triggers are exercised.)"""
     with kdb.connect(committed, autocommit=True) as app:
         insert_article(app, 10, "t", "body")
         app.execute("update public.articles set body = 'again' where id = 10")
@@ -345,9 +346,9 @@ def test_a_downgrade_keeps_each_keys_first_entry(committed: str) -> None:
         assert queue(app) == [(["10"], "I"), (["1"], "U")]
         app.execute("update public.articles set body = 'once more' where id = 10")  # deduped
         assert entries(app) == 2
-        assert _claim(app, 1) == [["1"], ["10"]]
     kdb.upgrade(committed)
     with kdb.connect(committed, autocommit=True) as app:
+        assert _claim(app, 1) == [["1"], ["10"]]
         app.execute("update public.articles set body = 'and again' where id = 1")
         assert queue(app) == [(["1"], "U")]
 
