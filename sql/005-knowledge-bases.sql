@@ -31,3 +31,35 @@ comment on function kb._chunks_relation() is
     'the knowledge base as a literal, which the planner pulls up (one plan, a partial index per '
     'knowledge base usable), not the view kb.chunks, whose expansion every such plan would pay. '
     'Internal.';
+
+create or replace function kb._create_knowledge_base(kb_name text)
+returns integer
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    made integer;
+begin
+    if exists (select 1 from kb_data.knowledge_bases k where k.name operator(pg_catalog.=) kb_name) then
+        raise exception 'knowledge base "%" exists already', kb_name
+            using errcode = '42710', hint = 'pick another name';
+    end if;
+    insert into kb_data.knowledge_bases (name) values (kb_name) returning id into made;
+    -- its singletons: empty statistics and impact cache state; the language and the access
+    -- roles are the database's (default's) until they are set per knowledge base
+    insert into kb_data.corpus_stats (kb_id) values (made);
+    insert into kb_data.lexical_state (kb_id) values (made);
+    insert into kb_data.language (kb_id, name)
+    select made, l.name from kb_data.language l where l.kb_id operator(pg_catalog.=) 1;
+    insert into kb_data.access_settings (kb_id, reader_role, writer_role, reader_oid, writer_oid)
+    select made, a.reader_role, a.writer_role, a.reader_oid, a.writer_oid
+      from kb_data.access_settings a where a.kb_id operator(pg_catalog.=) 1;
+    return made;
+end
+$$;
+comment on function kb._create_knowledge_base(text) is
+    'A new, empty knowledge base (its statistics, impact cache state, the database''s language '
+    'and access roles); its id. Internal until each knowledge base has its own vector index, '
+    'language and grants (issue 39): tests and benchmarks select it with kbpg.kb_id.';

@@ -491,7 +491,7 @@ begin
     ), set_right as (
         insert into kb_data.lexeme_stats as s (lexeme, doc_freq)
         select t.lexeme, t.doc_freq from counted t order by t.lexeme
-        on conflict (lexeme) do update set doc_freq = excluded.doc_freq
+        on conflict (kb_id, lexeme) do update set doc_freq = excluded.doc_freq
          where s.doc_freq is distinct from excluded.doc_freq
         returning 1
     )

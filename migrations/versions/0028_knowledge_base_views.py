@@ -23,7 +23,55 @@ down_revision = "0027"
 branch_labels = None
 depends_on = None
 
-UPGRADE = r"""
+
+def _embedding_column(column_type: str, vector_index: str) -> str:
+    """A DO block: the embedding column altered to `column_type` and its HNSW built again in
+    its layout, with the parameters it was built with (kbpg index changes them); both
+    arguments are SQL text, the vector layout's index expression and the type of space.dimension."""
+    return (
+        r"""
+do $$
+declare
+    space record;
+    options text[];
+begin
+    select dimension, layout into space from kb.embedding_space;
+    select c.reloptions into options from pg_catalog.pg_class c
+     where c.oid = pg_catalog.to_regclass('kb.chunks_embedding_hnsw');
+    if space.dimension is not null then
+        drop index if exists kb.chunks_embedding_hnsw;
+        execute pg_catalog.format('alter table kb.chunks alter column embedding type %s', """
+        + column_type
+        + r""");
+        execute 'create index chunks_embedding_hnsw on kb.chunks using hnsw ('
+             || case when space.layout operator(pg_catalog.=) 'vector' then """
+        + vector_index
+        + r"""
+                     when space.layout operator(pg_catalog.=) 'halfvec'
+                     then pg_catalog.format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
+                     else pg_catalog.format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops',
+                                            space.dimension)
+                end
+             || ')' || coalesce(' with (' || pg_catalog.array_to_string(options, ', ') || ')', '');
+    end if;
+end
+$$;
+"""
+    )
+
+
+# untyped, every layout an expression index (the vector layout's was on the column itself)
+UNTYPED_EMBEDDING = _embedding_column(
+    "'vector'", "pg_catalog.format('(embedding::vector(%s)) vector_cosine_ops', space.dimension)"
+)
+# typed again, as the first ingest typed it before, with 0027's index
+TYPED_EMBEDDING = _embedding_column(
+    "pg_catalog.format('vector(%s)', space.dimension)", "'embedding vector_cosine_ops'"
+)
+
+
+UPGRADE = (
+    r"""
 create schema kb_data;
 comment on schema kb_data is
     'kbpg''s tables, every knowledge base''s rows (kb_id); read and written through the views '
@@ -53,30 +101,9 @@ comment on table kb_data.knowledge_bases is
 -- a column under a view cannot change type later): no table rewrite, but its HNSW is built
 -- again, as an expression index for every layout (vector's was on the column itself). This is
 -- the upgrade's long step: minutes at a million chunks (docs/operations.md).
-do $$
-declare
-    space record;
-    options text[];
-begin
-    select dimension, layout into space from kb.embedding_space;
-    -- built again with the parameters it was built with (kbpg index changes them)
-    select c.reloptions into options from pg_catalog.pg_class c
-     where c.oid = pg_catalog.to_regclass('kb.chunks_embedding_hnsw');
-    drop index if exists kb.chunks_embedding_hnsw;
-    alter table kb.chunks alter column embedding type vector;
-    if space.dimension is not null then
-        execute 'create index chunks_embedding_hnsw on kb.chunks using hnsw ('
-             || case when space.layout operator(pg_catalog.=) 'vector'
-                         then pg_catalog.format('(embedding::vector(%s)) vector_cosine_ops', space.dimension)
-                         when space.layout operator(pg_catalog.=) 'halfvec'
-                         then pg_catalog.format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
-                         else pg_catalog.format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops',
-                                                space.dimension)
-                end
-             || ')' || coalesce(' with (' || pg_catalog.array_to_string(options, ', ') || ')', '');
-    end if;
-end
-$$;
+"""
+    + UNTYPED_EMBEDDING
+    + r"""
 
 do $$
 declare
@@ -148,8 +175,10 @@ begin
 end
 $fn$;
 """
+)
 
-DOWNGRADE = r"""
+DOWNGRADE = (
+    r"""
 do $$
 declare
     t record;
@@ -196,27 +225,9 @@ begin
 end
 $fn$;
 -- the column typed again, as the first ingest typed it before, with 0027's index
-do $$
-declare
-    space record;
-    options text[];
-begin
-    select dimension, layout into space from kb.embedding_space;
-    select c.reloptions into options from pg_catalog.pg_class c
-     where c.oid = pg_catalog.to_regclass('kb.chunks_embedding_hnsw');
-    if space.dimension is not null then
-        drop index if exists kb.chunks_embedding_hnsw;
-        execute format('alter table kb.chunks alter column embedding type vector(%s)', space.dimension);
-        execute 'create index chunks_embedding_hnsw on kb.chunks using hnsw ('
-             || case space.layout
-                    when 'vector' then 'embedding vector_cosine_ops'
-                    when 'halfvec' then format('(embedding::halfvec(%s)) halfvec_cosine_ops', space.dimension)
-                    else format('(binary_quantize(embedding)::bit(%s)) bit_hamming_ops', space.dimension)
-                end
-             || ')' || coalesce(' with (' || pg_catalog.array_to_string(options, ', ') || ')', '');
-    end if;
-end
-$$;
+"""
+    + TYPED_EMBEDDING
+    + r"""
 -- the application's side of the table sources keeps working until the older release applies
 -- its own functions: the capture triggers' functions (and each source's compiled one) queue
 -- into kb.source_queue again
@@ -239,6 +250,7 @@ drop table kb_data.knowledge_bases;
 drop function kb._current_kb() cascade;  -- with the functions that call it
 drop schema kb_data;
 """
+)
 
 
 def _run(statements: str) -> None:
