@@ -119,7 +119,7 @@ def rebuild(
     finally:
         if original is not None:
             conn.execute(original.encode())
-    conn.execute("vacuum analyze kb.chunks")
+    conn.execute("vacuum analyze kb_data.chunks")
     return seconds
 
 
@@ -279,14 +279,14 @@ def main() -> None:
                     log(f"build {build + 1} of {args.builds} ...")
                     build_s = rebuild(conn, url, args.m, args.ef_construction)
                 row = conn.execute(
-                    "select e.layout, i.indexdef, 'kb.chunks_embedding_hnsw'::regclass::oid"
+                    "select e.layout, i.indexdef, 'kb_data.chunks_embedding_hnsw'::regclass::oid"
                     " from kb.embedding_space e, pg_indexes i"
                     " where i.indexname = 'chunks_embedding_hnsw'"
                 ).fetchone()
                 assert row is not None, "no HNSW index in DIR"
                 layout, indexdef, index_oid = row
                 log(indexdef + (f" (built in {build_s:.0f} s)" if build_s else ""))
-                conn.execute("select pg_prewarm('kb.chunks_embedding_hnsw')")
+                conn.execute("select pg_prewarm('kb_data.chunks_embedding_hnsw')")
                 stamp = time.strftime("%Y-%m-%d %H:%M:%S")
                 with results.open("a") as f:
                     for r in measure(conn, layout, sets, truth, efs, fetched, retries):

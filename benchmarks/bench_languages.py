@@ -97,12 +97,14 @@ def load(url: str, language: str, n_chunks: int, seed: int) -> dict[str, Any]:
         register_vector(conn)
         conn.execute("select kb.set_language(%s)", (language,))
         conn.execute("select kb.set_embedding_space('bench-384', %s)", (DIM,))
-        conn.execute("drop index kb.chunks_embedding_hnsw")
-        conn.execute("drop index kb.chunks_tsv_gin")
+        conn.execute("drop index kb_data.chunks_embedding_hnsw")
+        conn.execute("drop index kb_data.chunks_tsv_gin")
         conn.commit()
         started = time.perf_counter()
         with conn.cursor() as cur:
-            with cur.copy("copy kb.documents (source, title, content_hash) from stdin") as copy:
+            with cur.copy(
+                "copy kb_data.documents (source, title, content_hash) from stdin"
+            ) as copy:
                 for d in range(max(1, n_chunks // 10)):
                     copy.write_row((f"doc-{d}", "", "h"))
             doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
@@ -116,7 +118,7 @@ def load(url: str, language: str, n_chunks: int, seed: int) -> dict[str, Any]:
             with (
                 conn.cursor() as cur,
                 cur.copy(
-                    "copy kb.chunks (document_id, ordinal, content, embedding)"
+                    "copy kb_data.chunks (document_id, ordinal, content, embedding)"
                     " from stdin with (format binary)"
                 ) as copy,
             ):

@@ -197,7 +197,7 @@ def main() -> None:
         with psycopg.connect(url) as conn:
             row = conn.execute(
                 "select count(*), (select layout from kb.embedding_space),"
-                " pg_relation_size(to_regclass('kb.chunks_embedding_hnsw')) from kb.chunks"
+                " pg_relation_size(to_regclass('kb_data.chunks_embedding_hnsw')) from kb.chunks"
             ).fetchone()
         assert row is not None
         index = f"{row[1]} index {row[2] / 2**20:.0f} MB" if row[2] is not None else "no index"

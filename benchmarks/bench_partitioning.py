@@ -481,12 +481,12 @@ def writes(
     log("removing a tenant's partition (partitioned database only; statistics against a recount):")
     recount = "select (select chunk_count from kb.corpus_stats), (select count(*) from kb.chunks)"
     for name, statements in (
-        ("detach", [f"alter table kb.chunks detach partition kb.chunks_{BIG}"]),
+        ("detach", [f"alter table kb_data.chunks detach partition kb_data.chunks_{BIG}"]),
         (
             "delete its edges, then detach",
             [
                 f"delete from kb.edges where src_category = '{BIG}' or dst_category = '{BIG}'",
-                f"alter table kb.chunks detach partition kb.chunks_{BIG}",
+                f"alter table kb_data.chunks detach partition kb_data.chunks_{BIG}",
             ],
         ),
         (
@@ -551,7 +551,7 @@ def ingest_check(admin: str, url: str, home: Path) -> None:
             conn,
             "select (select count(*) from kb.chunks), (select count(*) from kb.edges),"
             " (select count(*) from kb.chunk_entities), (select count(*) from kb.lexical_blocks),"
-            " to_regclass('kb.chunks_embedding_hnsw') is not null,"
+            " to_regclass('kb_data.chunks_embedding_hnsw') is not null,"
             " (select chunk_count from kb.corpus_stats)",
         )[0]
     log(

@@ -113,7 +113,7 @@ def load(conn: psycopg.Connection[Any], rng: random.Random) -> tuple[list[str], 
     vocabulary = words(3000, rng).split()
     with (
         conn.cursor() as cur,
-        cur.copy("copy kb.chunks (document_id, ordinal, content) from stdin") as copy,
+        cur.copy("copy kb_data.chunks (document_id, ordinal, content) from stdin") as copy,
     ):
         for i in range(2000):
             copy.write_row((doc, i, " ".join(rng.choices(vocabulary, k=60))))
@@ -125,7 +125,12 @@ def load(conn: psycopg.Connection[Any], rng: random.Random) -> tuple[list[str], 
             (doc,),
         )
     ]
-    with conn.cursor() as cur, cur.copy("copy kb.edges from stdin") as copy:
+    with (
+        conn.cursor() as cur,
+        cur.copy(
+            "copy kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight) from stdin"
+        ) as copy,
+    ):
         for i, src in enumerate(clique):
             for dst in clique[i + 1 :]:
                 copy.write_row((src, dst, "link", rng.uniform(0.55, 1.0)))
@@ -153,12 +158,12 @@ def add_dense_graph(conn: psycopg.Connection[Any]) -> int:
             " where schemaname = 'kb' and tablename = 'edges' and indexname <> 'edges_pkey'"
         )
     ]
-    conn.execute("alter table kb.edges drop constraint edges_pkey")
+    conn.execute("alter table kb_data.edges drop constraint edges_pkey")
     for (name,) in conn.execute(
         "select indexname from pg_indexes"
         " where schemaname = 'kb' and tablename = 'edges' and indexname <> 'edges_pkey'"
     ).fetchall():
-        conn.execute(f"drop index kb.{name}")
+        conn.execute(f"drop index kb_data.{name}")
     conn.execute(
         "insert into kb.edges (src_chunk_id, dst_chunk_id, relation, weight)"
         " select c.id, b.first + (c.id - b.first + o.off) %% b.n, 'link', 0.5 + random() / 2"
@@ -168,13 +173,13 @@ def add_dense_graph(conn: psycopg.Connection[Any]) -> int:
         (offsets,),
     )
     conn.execute(
-        "alter table kb.edges add constraint edges_pkey"
+        "alter table kb_data.edges add constraint edges_pkey"
         " primary key (src_chunk_id, dst_chunk_id, relation)"
     )
     for definition in indexes:
         conn.execute(definition)
     # as autovacuum leaves a table after a bulk insert (the visibility map: index-only scans)
-    conn.execute("vacuum analyze kb.edges")
+    conn.execute("vacuum analyze kb_data.edges")
     row = conn.execute("select count(*) from kb.edges").fetchone()
     assert row is not None
     print(f"  {row[0]:,} edges in {time.perf_counter() - started:.0f} s", flush=True)

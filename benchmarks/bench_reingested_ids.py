@@ -38,16 +38,16 @@ def load(conn: psycopg.Connection[Any], npl: Path, id_offset: int) -> None:
         conn.execute("select setval('kb.chunks_id_seq', %s)", (id_offset,))
     docs = [json.loads(line) for line in (npl / "corpus.jsonl").open()]
     with conn.cursor() as cur:
-        with cur.copy("copy kb.documents (source, title, content_hash) from stdin") as copy:
+        with cur.copy("copy kb_data.documents (source, title, content_hash) from stdin") as copy:
             for doc in docs:
                 copy.write_row((f"npl-{doc['_id']}", doc["title"] or doc["_id"], "h"))
         ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
-        with cur.copy("copy kb.chunks (document_id, ordinal, content) from stdin") as copy:
+        with cur.copy("copy kb_data.chunks (document_id, ordinal, content) from stdin") as copy:
             for doc_id, doc in zip(ids, docs, strict=True):
                 copy.write_row((doc_id, 0, doc["text"]))
     conn.execute("select kb.refresh_lexical_index()")
-    conn.execute("vacuum analyze kb.chunks")
-    conn.execute("vacuum analyze kb.lexical_blocks")
+    conn.execute("vacuum analyze kb_data.chunks")
+    conn.execute("vacuum analyze kb_data.lexical_blocks")
 
 
 def main() -> None:

@@ -121,14 +121,14 @@ def load(
     centroids = nrng.normal(size=(500, DIM)).astype(np.float32)
     conn.execute("select kb.set_embedding_space('bench-384', %s, %s)", (DIM, layout))
     # indexes are built after the load: far faster than maintaining them row by row
-    conn.execute("drop index kb.chunks_embedding_hnsw")
-    conn.execute("drop index kb.chunks_tsv_gin")
+    conn.execute("drop index kb_data.chunks_embedding_hnsw")
+    conn.execute("drop index kb_data.chunks_tsv_gin")
     conn.commit()
 
     started = time.perf_counter()
     with conn.cursor() as cur:
         with cur.copy(
-            "copy kb.documents (source, title, category, groups, metadata, content_hash) from stdin"
+            "copy kb_data.documents (source, title, category, groups, metadata, content_hash) from stdin"
         ) as copy:
             for d in range(n_docs):
                 group, category = labels(d)
@@ -148,7 +148,7 @@ def load(
         with (
             conn.cursor() as cur,
             cur.copy(
-                "copy kb.chunks (document_id, ordinal, content, groups, category, embedding)"
+                "copy kb_data.chunks (document_id, ordinal, content, groups, category, embedding)"
                 " from stdin with (format binary)"
             ) as copy,
         ):
@@ -200,7 +200,7 @@ def build_indexes(conn: psycopg.Connection[Any], url: str, timings: dict[str, An
     conn.execute("set maintenance_work_mem = '1GB'")
     conn.execute("set max_parallel_maintenance_workers = 1")
     t = time.perf_counter()
-    conn.execute("create index chunks_tsv_gin on kb.chunks using gin (tsv)")
+    conn.execute("create index chunks_tsv_gin on kb_data.chunks using gin (tsv)")
     conn.commit()
     timings["gin_s"] = time.perf_counter() - t
     # the index of the space's layout (vector, halfvec or binary: sql/010), built as kbpg builds
@@ -222,13 +222,13 @@ def build_indexes(conn: psycopg.Connection[Any], url: str, timings: dict[str, An
     conn.commit()
     timings["lexical_cache_s"] = time.perf_counter() - t
     conn.autocommit = True
-    conn.execute("vacuum analyze kb.chunks")
+    conn.execute("vacuum analyze kb_data.chunks")
     conn.execute("analyze")
     names = (
-        "kb.lexical_blocks",
-        "kb.chunks_embedding_hnsw",
-        "kb.chunks_tsv_gin",
-        "kb.lexical_filter_blocks",
+        "kb_data.lexical_blocks",
+        "kb_data.chunks_embedding_hnsw",
+        "kb_data.chunks_tsv_gin",
+        "kb_data.lexical_filter_blocks",
     )
     size = conn.execute("select " + ", ".join(relation_size(n) for n in names)).fetchone()
     assert size is not None

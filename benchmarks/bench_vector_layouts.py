@@ -65,23 +65,23 @@ def load(conn: psycopg.Connection[Any], vectors: np.ndarray) -> float:
     n = len(vectors)
     dim = vectors.shape[1]
     conn.execute("select kb.set_embedding_space(%s, %s)", (f"bench-{dim}", dim))
-    conn.execute("drop index kb.chunks_embedding_hnsw")
+    conn.execute("drop index kb_data.chunks_embedding_hnsw")
     conn.commit()
     started = time.perf_counter()
     with conn.cursor() as cur:
-        with cur.copy("copy kb.documents (source, title, content_hash) from stdin") as copy:
+        with cur.copy("copy kb_data.documents (source, title, content_hash) from stdin") as copy:
             for d in range((n + 9) // 10):
                 copy.write_row((f"doc-{d}", f"Document {d}", "h"))
         doc_ids = [r[0] for r in cur.execute("select id from kb.documents order by id")]
         with cur.copy(
-            "copy kb.chunks (document_id, ordinal, content, embedding) from stdin (format binary)"
+            "copy kb_data.chunks (document_id, ordinal, content, embedding) from stdin (format binary)"
         ) as copy:
             copy.set_types(["int8", "int4", "text", "vector"])
             for i in range(n):
                 copy.write_row((doc_ids[i // 10], i % 10, f"chunk {i}", vectors[i]))
     conn.commit()
     conn.autocommit = True
-    conn.execute("vacuum analyze kb.chunks")
+    conn.execute("vacuum analyze kb_data.chunks")
     return time.perf_counter() - started
 
 
@@ -119,14 +119,14 @@ def interleaved(
 ) -> None:
     """Every layout's index on the same table at once, the recorded layout switched before each
     query (alternating the order), so that a busy machine slows every layout alike."""
-    conn.execute("drop index if exists kb.chunks_embedding_hnsw")
+    conn.execute("drop index if exists kb_data.chunks_embedding_hnsw")
     for layout in layouts:
         definition = conn.execute(
             "select kb._vector_index_definition(%s, %s)", (layout, queries.shape[1])
         ).fetchone()
         assert definition is not None
-        conn.execute(f"create index bench_{layout} on kb.chunks {definition[0]}")
-        conn.execute("select pg_prewarm(%s::regclass)", (f"kb.bench_{layout}",))
+        conn.execute(f"create index bench_{layout} on kb_data.chunks {definition[0]}")
+        conn.execute("select pg_prewarm(%s::regclass)", (f"kb_data.bench_{layout}",))
     sql = "select chunk_id from kb.search_vector(%s, %s)"
     times: dict[str, list[float]] = {layout: [] for layout in layouts}
     found: dict[str, list[set[int]]] = {layout: [] for layout in layouts}
@@ -208,8 +208,8 @@ def main() -> None:
                 settings = build_settings(conn, layout)
                 _, build_s = set_layout(conn, url, layout, lambda p: log("    " + p.describe()))
                 size = conn.execute(
-                    "select pg_relation_size('kb.chunks_embedding_hnsw'),"
-                    " pg_prewarm('kb.chunks_embedding_hnsw')"
+                    "select pg_relation_size('kb_data.chunks_embedding_hnsw'),"
+                    " pg_prewarm('kb_data.chunks_embedding_hnsw')"
                 ).fetchone()
                 assert size is not None
                 factors = [int(f) for f in args.factors.split(",")] if layout == "binary" else [0]
