@@ -323,7 +323,7 @@ select i.relname, 'i', s.size, s.size
      select case when p.logicalrelid is null then pg_catalog.pg_relation_size(i.oid)
                  else (select coalesce(pg_catalog.sum(r.result::bigint), 0)
                          from pg_catalog.run_command_on_shards(p.logicalrelid, pg_catalog.format(
-                              'select pg_catalog.pg_relation_size(''kb.%s_'' || '
+                              'select pg_catalog.pg_relation_size(''kb_data.%s_'' || '
                               'pg_catalog.substring(''%%s'', ''_(\d+)$''))', i.relname)) r
                         where r.success) end as size) s
  where i.relnamespace = 'kb_data'::regnamespace

@@ -188,6 +188,11 @@ def test_distribute_makes_the_layout_and_is_idempotent(
         assert len({tables[t][2] for t in DISTRIBUTED}) == 1, "co-located"
         assert {t: tables[t][0] for t in REFERENCE} == {t: "reference" for t in REFERENCE}
         assert "kb_data.lexical_blocks" not in tables  # the impact cache stays on the coordinator
+        # kbpg stats sizes a distributed table's indexes by its shards' (on the workers, in
+        # kb_data like the tables): an empty B-tree is one page a shard, never nothing
+        stats = run_kbpg("stats", "--json", env=env)
+        assert stats.returncode == 0, stats.stderr
+        assert json.loads(stats.stdout)["indexes"]["chunks_pkey"] >= 6 * 8192
         again = run_kbpg("db", "distribute", "--shards", "2", env=env)
         assert again.returncode == 0, again.stderr
         assert again.stdout.strip() == "distributed already: 6 shards on 2 nodes"
