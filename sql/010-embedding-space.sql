@@ -199,7 +199,8 @@ begin
         vector_dimension);
     lock table kb.embedding_space in exclusive mode;
     drop index if exists kb_data.chunks_embedding_hnsw;
-    update kb_data.chunks set embedding = null where kb_id = (select kb._current_kb()) and (embedding is not null);
+    update kb_data.chunks set embedding = null where embedding is not null
+                                                 and kb_id = (select kb._current_kb());
     delete from kb_data.embedding_space where kb_id = (select kb._current_kb());
     perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout,
                                    reset_embedding_space.model_languages);

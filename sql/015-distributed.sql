@@ -364,18 +364,20 @@ begin
      group by x.src, x.dst, x.relation;
 
     delete from kb_data.edges e
-     where e.kb_id = (select kb._current_kb()) and (e.relation in ('link', 'entity')
+     where e.relation in ('link', 'entity')
        and (e.src_chunk_id, e.dst_chunk_id, e.relation) in (
                select n.src, n.dst, n.relation from pg_temp.kbpg_derived_now n
                 where not exists (select 1 from pg_temp.kbpg_desired d
-                                   where d.src = n.src and d.dst = n.dst and d.relation = n.relation)));
+                                   where d.src = n.src and d.dst = n.dst and d.relation = n.relation))
+       and e.kb_id = (select kb._current_kb());
     get diagnostics removed = row_count;
     update kb_data.edges e set weight = d.weight
       from (select d.src, d.dst, d.relation, d.weight
               from pg_temp.kbpg_desired d
               join pg_temp.kbpg_derived_now n
                 on n.src = d.src and n.dst = d.dst and n.relation = d.relation and n.weight <> d.weight) d
-     where e.kb_id = (select kb._current_kb()) and (e.src_chunk_id = d.src and e.dst_chunk_id = d.dst and e.relation = d.relation);
+     where e.src_chunk_id = d.src and e.dst_chunk_id = d.dst and e.relation = d.relation
+       and e.kb_id = (select kb._current_kb());
     get diagnostics reweighted = row_count;
     insert into kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
     select d.src, d.dst, d.relation, d.weight, d.document_id

@@ -191,7 +191,8 @@ begin
     with batch as (
         select c.id from kb.chunks c where c.id > after_id order by c.id limit batch_size
     ), updated as (
-        update kb_data.chunks c set tsv = null from batch b where c.kb_id = (select kb._current_kb()) and (c.id = b.id) returning c.id
+        update kb_data.chunks c set tsv = null from batch b where c.id = b.id
+                                                              and c.kb_id = (select kb._current_kb()) returning c.id
     )
     select count(*)::integer, max(u.id) into done, last_id from updated u;
     if done > 0 then

@@ -31,7 +31,8 @@ set search_path = pg_catalog, pg_temp
 -- a string body: a SQL-standard one would depend on kb.chunks, which Citus then could not
 -- distribute (see sql/080)
 as $$
-    delete from kb_data.lexical_filter_masks m where m.kb_id = (select kb._current_kb()) and (m.block_no = $1);
+    delete from kb_data.lexical_filter_masks m where m.block_no = $1
+                                                 and m.kb_id = (select kb._current_kb());
     -- a value's bits: its chunks' offsets in the block (from 1) as runs of '0' each ended by
     -- a '1', padded with '0' to the block's size
     insert into kb_data.lexical_filter_masks (filter_kind, value, block_no, kept)
@@ -105,10 +106,13 @@ begin
     select f.cache_id into cache from kb.lexical_filter_caches f
      where f.filter_kind = kind and f.value = filter_value;
     if fresh and cache is not null then
-        delete from kb_data.lexical_filter_blocks b where b.kb_id = (select kb._current_kb()) and (b.cache_id = cache);
-        delete from kb_data.lexical_filter_slots s where s.kb_id = (select kb._current_kb()) and (s.cache_id = cache);
+        delete from kb_data.lexical_filter_blocks b where b.cache_id = cache
+                                                      and b.kb_id = (select kb._current_kb());
+        delete from kb_data.lexical_filter_slots s where s.cache_id = cache
+                                                     and s.kb_id = (select kb._current_kb());
         update kb_data.lexical_filter_caches f set block_size = _refresh_filter_cache.block_size
-         where f.kb_id = (select kb._current_kb()) and (f.cache_id = cache);
+         where f.cache_id = cache
+           and f.kb_id = (select kb._current_kb());
     elsif cache is null then
         fresh := true;
         insert into kb_data.lexical_filter_caches (filter_kind, value, chunk_count, block_size)
@@ -162,15 +166,17 @@ begin
     first_slot := least(rewrite[1], appended_to[1]) * block_size;
     -- a rewritten block drops the slots of chunks deleted or no longer holding the value
     delete from kb_data.lexical_filter_slots s
-     where s.kb_id = (select kb._current_kb()) and (s.cache_id = cache and s.slot >= first_slot and s.slot / block_size = any (rewrite)
+     where s.cache_id = cache and s.slot >= first_slot and s.slot / block_size = any (rewrite)
        and not exists (select 1 from kb.chunks c
                         where c.id = s.chunk_id
                           and case kind when 'group' then c.groups @> array[filter_value]
                                         when 'category' then c.category = filter_value
                                         when 'metadata' then kb._metadata_holds(c.document_id, metadata_path)
-                                        else c.labels @> array[filter_value] end));
+                                        else c.labels @> array[filter_value] end)
+       and s.kb_id = (select kb._current_kb());
     get diagnostics dropped = row_count;
-    delete from kb_data.lexical_filter_blocks b where b.kb_id = (select kb._current_kb()) and (b.cache_id = cache and b.block_no = any (rewrite));
+    delete from kb_data.lexical_filter_blocks b where b.cache_id = cache and b.block_no = any (rewrite)
+                                                  and b.kb_id = (select kb._current_kb());
     -- the impacts per block of slots, as kb.refresh_lexical_index writes a block of chunk ids;
     -- an appended block's rows keep the idf0 their weights were computed with (the search's
     -- drift bound reads it), and the new slots come after the old in each
@@ -202,7 +208,8 @@ begin
                       || '}/' || block_size)::@extschema:vector@.sparsevec;
     update kb_data.lexical_filter_caches f
        set chunk_count = case when fresh then appended else f.chunk_count + appended end - dropped
-     where f.kb_id = (select kb._current_kb()) and (f.cache_id = cache);
+     where f.cache_id = cache
+       and f.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._refresh_filter_cache(text, text, boolean, bigint, bigint, bigint, double precision, integer) is
@@ -219,9 +226,12 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 begin
-    delete from kb_data.lexical_filter_blocks b where b.kb_id = (select kb._current_kb()) and (b.cache_id = any (_drop_filter_caches.cache_ids));
-    delete from kb_data.lexical_filter_slots s where s.kb_id = (select kb._current_kb()) and (s.cache_id = any (_drop_filter_caches.cache_ids));
-    delete from kb_data.lexical_filter_caches f where f.kb_id = (select kb._current_kb()) and (f.cache_id = any (_drop_filter_caches.cache_ids));
+    delete from kb_data.lexical_filter_blocks b where b.cache_id = any (_drop_filter_caches.cache_ids)
+                                                  and b.kb_id = (select kb._current_kb());
+    delete from kb_data.lexical_filter_slots s where s.cache_id = any (_drop_filter_caches.cache_ids)
+                                                 and s.kb_id = (select kb._current_kb());
+    delete from kb_data.lexical_filter_caches f where f.cache_id = any (_drop_filter_caches.cache_ids)
+                                                  and f.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._drop_filter_caches(integer[]) is
@@ -325,7 +335,8 @@ begin
         analyze pg_temp.kbpg_idf;
     end if;
     foreach b in array rebuild loop
-        delete from kb_data.lexical_blocks lb where lb.kb_id = (select kb._current_kb()) and (lb.block_no = b);
+        delete from kb_data.lexical_blocks lb where lb.block_no = b
+                                                and lb.kb_id = (select kb._current_kb());
         if distributed then
             -- the block's (chunk, lexeme, tf) rows from the workers, then the same sums as below
             drop table if exists pg_temp.kbpg_block_terms;
@@ -486,7 +497,8 @@ begin
          group by u.lexeme
     ), left_behind as (
         delete from kb_data.lexeme_stats s
-         where s.kb_id = (select kb._current_kb()) and (not exists (select 1 from counted t where t.lexeme = s.lexeme))
+         where not exists (select 1 from counted t where t.lexeme = s.lexeme)
+           and s.kb_id = (select kb._current_kb())
         returning 1
     ), set_right as (
         insert into kb_data.lexeme_stats as s (lexeme, doc_freq)
@@ -550,7 +562,8 @@ as $$
 declare
     prefix constant text := kb._metadata_mask_prefix(unindex_metadata_key.key);
 begin
-    delete from kb_data.indexed_metadata_keys k where k.kb_id = (select kb._current_kb()) and (k.key = unindex_metadata_key.key);
+    delete from kb_data.indexed_metadata_keys k where k.key = unindex_metadata_key.key
+                                                  and k.kb_id = (select kb._current_kb());
     if not found then
         return false;
     end if;
@@ -558,7 +571,8 @@ begin
         select f.cache_id from kb.lexical_filter_caches f
          where f.filter_kind = 'metadata' and pg_catalog.starts_with(f.value, prefix)));
     delete from kb_data.lexical_filter_masks m
-     where m.kb_id = (select kb._current_kb()) and (m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, prefix));
+     where m.filter_kind = 'metadata' and pg_catalog.starts_with(m.value, prefix)
+       and m.kb_id = (select kb._current_kb());
     return true;
 end
 $$;

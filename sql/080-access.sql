@@ -237,7 +237,8 @@ set search_path = pg_catalog, pg_temp
 as $$
     with gone as (
         delete from kb_data.access_grants a
-         where a.kb_id = (select kb._current_kb()) and (not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id))
+         where not exists (select 1 from pg_catalog.pg_roles r where r.oid = a.role_id)
+           and a.kb_id = (select kb._current_kb())
         returning 1)
     select pg_catalog.count(*) from gone
 $$;
@@ -296,8 +297,9 @@ begin
     return query
     with gone as (
         delete from kb_data.access_grants a
-         where a.kb_id = (select kb._current_kb()) and (a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
-           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups)))
+         where a.role_id = pg_catalog.to_regrole(pg_catalog.quote_ident(revoke_groups.role_name))
+           and (revoke_groups.groups is null or a.group_name = any (revoke_groups.groups))
+           and a.kb_id = (select kb._current_kb())
         returning a.group_name)
     select revoke_groups.role_name, gone.group_name from gone;
 end

@@ -1084,7 +1084,8 @@ begin
            version = t.version + 1, altered_at = pg_catalog.now(),
            backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
            backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
-     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
+     where t.id = s.id
+       and t.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._source_catalog_define(integer, text, text, text, text, text, text[], boolean) is
@@ -1113,7 +1114,8 @@ begin
        set relation_name = kb._source_relation_name(s.relation),
            backfill_state = 'pending', backfill_cursor = null, backfill_total = null,
            backfill_enqueued = 0, backfill_started_at = null, backfill_done_at = null
-     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
+     where t.id = s.id
+       and t.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._source_catalog_reset(integer) is
@@ -1152,7 +1154,8 @@ begin
        set relation = _source_catalog_rebind.relation,
            relation_name = kb._source_relation_name(_source_catalog_rebind.relation),
            version = t.version + 1, altered_at = pg_catalog.now()
-     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
+     where t.id = s.id
+       and t.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._source_catalog_rebind(integer, regclass) is
@@ -1170,7 +1173,8 @@ set client_min_messages = notice
 as $$
 begin
     perform kb._source_check_writer();
-    delete from kb_data.table_sources t where t.kb_id = (select kb._current_kb()) and (t.id = _source_catalog_delete.source_id);
+    delete from kb_data.table_sources t where t.id = _source_catalog_delete.source_id
+                                          and t.kb_id = (select kb._current_kb());
     if not found then
         raise exception 'no table source with id %', coalesce(source_id::text, 'NULL') using errcode = '42704';
     end if;
@@ -1292,7 +1296,8 @@ begin
            backfill_done_at = case when state <> 'done' then null
                                    when s.backfill_state = 'done' then s.backfill_done_at
                                    else pg_catalog.now() end
-     where t.kb_id = (select kb._current_kb()) and (t.id = s.id);
+     where t.id = s.id
+       and t.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._source_backfill_save(integer, text, text[], bigint, bigint) is
@@ -1479,12 +1484,16 @@ begin
                                 from pg_catalog.unnest(left_behind) as x);
         end if;
     end if;
-    delete from kb_data.source_queue q where q.kb_id = (select kb._current_kb()) and (q.source_id = s.id);
-    delete from kb_data.source_claims c where c.kb_id = (select kb._current_kb()) and (c.source_id = s.id);
-    delete from kb_data.source_errors e where e.kb_id = (select kb._current_kb()) and (e.source_id = s.id);
+    delete from kb_data.source_queue q where q.source_id = s.id
+                                         and q.kb_id = (select kb._current_kb());
+    delete from kb_data.source_claims c where c.source_id = s.id
+                                          and c.kb_id = (select kb._current_kb());
+    delete from kb_data.source_errors e where e.source_id = s.id
+                                          and e.kb_id = (select kb._current_kb());
     perform kb._source_catalog_delete(s.id);
     if remove_table_source.drop_documents then
-        delete from kb_data.documents d where d.kb_id = (select kb._current_kb()) and (pg_catalog.starts_with(d.source, 'table:' || s.name || '/'));
+        delete from kb_data.documents d where pg_catalog.starts_with(d.source, 'table:' || s.name || '/')
+                                          and d.kb_id = (select kb._current_kb());
         get diagnostics deleted = row_count;
     end if;
     return query select s.name, deleted, left_behind;
@@ -1602,8 +1611,9 @@ begin atomic
     with due as (
         update kb_data.source_errors e set retry_at = pg_catalog.now()
           from kb.table_sources s
-         where e.kb_id = (select kb._current_kb()) and (s.id = e.source_id
-           and (retry_source_errors.source_name is null or s.name = retry_source_errors.source_name))
+         where s.id = e.source_id
+           and (retry_source_errors.source_name is null or s.name = retry_source_errors.source_name)
+           and e.kb_id = (select kb._current_kb())
         returning e.source_id, e.key
     ), queued as (
         insert into kb_data.source_queue (source_id, key, op)
@@ -2037,13 +2047,14 @@ set search_path = pg_catalog, pg_temp
 begin atomic
     with released as (
         delete from kb_data.source_claims c
-         where c.kb_id = (select kb._current_kb()) and (c.worker = _source_release.worker
+         where c.worker = _source_release.worker
            and (_source_release.keys is null
                 or (c.source_id, c.key_hash) in (select (e operator(pg_catalog.->>) 0)::integer,
                                                         kb._source_key_hash(array(
                                                             select x.v from pg_catalog.jsonb_array_elements_text(e operator(pg_catalog.->) 1)
                                                                    with ordinality as x(v, n) order by x.n))
-                                              from pg_catalog.jsonb_array_elements(_source_release.keys) as e)))
+                                              from pg_catalog.jsonb_array_elements(_source_release.keys) as e))
+           and c.kb_id = (select kb._current_kb())
         returning c.source_id, c.key, c.op, c.enqueued_at
     ), queued as (
         insert into kb_data.source_queue (source_id, key, op, enqueued_at)
@@ -2067,11 +2078,13 @@ as $$
 begin
     -- done: [[key...], ...] written, unchanged or deleted; failed: [{"key": [...], "error": "..."}]
     delete from kb_data.source_claims c
-     where c.kb_id = (select kb._current_kb()) and (c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
-       and c.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k));
+     where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
+       and c.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k)
+       and c.kb_id = (select kb._current_kb());
     delete from kb_data.source_errors e
-     where e.kb_id = (select kb._current_kb()) and (e.source_id = _source_settle.source_id
-       and e.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k));
+     where e.source_id = _source_settle.source_id
+       and e.key_hash in (select kb._source_key_hash(k.key) from kb._source_keys(done) k)
+       and e.kb_id = (select kb._current_kb());
     insert into kb_data.source_errors as e (source_id, key, error, retry_at)
     select _source_settle.source_id, f.key, f.error, pg_catalog.now() + kb._source_backoff(1)
       from (select array(select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
@@ -2082,11 +2095,12 @@ begin
        set error = excluded.error, attempts = e.attempts + 1, last_failed_at = pg_catalog.now(),
            retry_at = pg_catalog.now() + kb._source_backoff(e.attempts + 1);
     delete from kb_data.source_claims c
-     where c.kb_id = (select kb._current_kb()) and (c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
+     where c.worker = _source_settle.worker and c.source_id = _source_settle.source_id
        and c.key_hash in (select kb._source_key_hash(array(
                                      select x.v from pg_catalog.jsonb_array_elements_text(i operator(pg_catalog.->) 'key')
                                             with ordinality as x(v, n) order by x.n))
-                            from pg_catalog.jsonb_array_elements(failed) as i));
+                            from pg_catalog.jsonb_array_elements(failed) as i)
+       and c.kb_id = (select kb._current_kb());
 end
 $$;
 comment on function kb._source_settle(integer, integer, jsonb, jsonb) is
@@ -2111,7 +2125,8 @@ begin
             insert into kb_data.source_queue (source_id, key, op, enqueued_at)
             select c.source_id, c.key, c.op, c.enqueued_at from kb.source_claims c where c.worker = w
             on conflict do nothing;
-            delete from kb_data.source_claims c where c.kb_id = (select kb._current_kb()) and (c.worker = w);
+            delete from kb_data.source_claims c where c.worker = w
+                                                  and c.kb_id = (select kb._current_kb());
             get diagnostics n = row_count;
             total := total + n;
         end if;
@@ -2133,8 +2148,9 @@ begin atomic
     with due as (
         -- the next retry stands until this one settles (a lease, should the worker die)
         update kb_data.source_errors e set retry_at = pg_catalog.now() + kb._source_backoff(e.attempts)
-         where e.kb_id = (select kb._current_kb()) and (e.retry_at <= pg_catalog.now()
-           and (_source_requeue_errors.source_ids is null or e.source_id = any (_source_requeue_errors.source_ids)))
+         where e.retry_at <= pg_catalog.now()
+           and (_source_requeue_errors.source_ids is null or e.source_id = any (_source_requeue_errors.source_ids))
+           and e.kb_id = (select kb._current_kb())
         returning e.source_id, e.key
     ), queued as (
         insert into kb_data.source_queue (source_id, key, op)

@@ -131,7 +131,8 @@ UPDATE_DOCUMENT: Final = """
 update kb_data.documents
    set title = %s, category = %s, groups = %s, labels = %s, metadata = %s,
        content_hash = %s, updated_at = now()
- where kb_id = (select kb._current_kb()) and (id = %s)
+ where id = %s
+   and kb_id = (select kb._current_kb())
 """
 DELETE_CHUNKS_OF: Final = (
     "delete from kb_data.chunks where kb_id = (select kb._current_kb()) and document_id = any(%s)"
@@ -223,15 +224,17 @@ with link_edges as (
      group by src, dst, relation
 ), removed as (
     delete from kb_data.edges e
-     where e.kb_id = (select kb._current_kb()) and (e.relation in ('link', 'entity')
+     where e.relation in ('link', 'entity')
        and not exists (select 1 from desired d where d.src = e.src_chunk_id
-                          and d.dst = e.dst_chunk_id and d.relation = e.relation))
+                          and d.dst = e.dst_chunk_id and d.relation = e.relation)
+       and e.kb_id = (select kb._current_kb())
     returning 1
 ), reweighted as (
     update kb_data.edges e set weight = d.weight
       from desired d
-     where e.kb_id = (select kb._current_kb()) and (d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
-       and e.weight <> d.weight)
+     where d.src = e.src_chunk_id and d.dst = e.dst_chunk_id and d.relation = e.relation
+       and e.weight <> d.weight
+       and e.kb_id = (select kb._current_kb())
     returning 1
 ), added as (
     insert into kb_data.edges (src_chunk_id, dst_chunk_id, relation, weight, document_id)
