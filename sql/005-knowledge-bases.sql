@@ -13,6 +13,19 @@ comment on function kb._current_kb() is
     'The current knowledge base''s id (the setting kbpg.kb_id; 1, default, when unset): the one '
     'the views of schema kb show. Internal.';
 
+create or replace function kb._chunks_shared()
+returns boolean
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+return exists (select 1 from kb_data.knowledge_bases k where k.id operator(pg_catalog.<>) 1);
+comment on function kb._chunks_shared() is
+    'Whether kb_data.chunks holds (or may hold) another knowledge base''s rows than default''s: '
+    'its statements then name their knowledge base, and each knowledge base''s HNSW index is '
+    'partial. Internal.';
+
 create or replace function kb._chunks_relation()
 returns text
 language sql
@@ -22,7 +35,7 @@ security invoker
 set search_path = pg_catalog, pg_temp
 -- the table alone while it holds one knowledge base: kb_id is its last column, and reading it
 -- deforms every row to its end (0.3-0.6 ms over a 1% group's 2,000 rows at 200k chunks)
-return case when exists (select 1 from kb_data.knowledge_bases k where k.id operator(pg_catalog.<>) 1)
+return case when kb._chunks_shared()
             then '(select * from kb_data.chunks where kb_id operator(pg_catalog.=) '
                  || kb._current_kb()::text || ')'
             else 'kb_data.chunks' end;
@@ -47,6 +60,9 @@ begin
             using errcode = '42710', hint = 'pick another name';
     end if;
     insert into kb_data.knowledge_bases (name) values (kb_name) returning id into made;
+    -- before the new knowledge base stores a vector: default's index, whole while default was
+    -- alone, would take the new rows into its graph (or fail them: another dimension)
+    perform kb._share_default_vector_index();
     -- its singletons: empty statistics and impact cache state; the language and the access
     -- roles are the database's (default's) until they are set per knowledge base
     insert into kb_data.corpus_stats (kb_id) values (made);

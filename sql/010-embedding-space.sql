@@ -72,6 +72,105 @@ return 'using hnsw ('
 comment on function kb._vector_index_definition(text, integer) is
     'The HNSW index clause of a layout (the expressions kb.search_vector orders by).';
 
+create or replace function kb._vector_index_name(knowledge_base integer)
+returns text
+language sql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+-- default keeps the name it had before knowledge bases (revision 0028): tools and ops scripts
+-- that name it go on working
+return case when knowledge_base operator(pg_catalog.=) 1 then 'chunks_embedding_hnsw'
+            else 'chunks_embedding_hnsw_' operator(pg_catalog.||) knowledge_base::text end;
+comment on function kb._vector_index_name(integer) is
+    'The name of a knowledge base''s HNSW index in schema kb_data: chunks_embedding_hnsw for '
+    'default, chunks_embedding_hnsw_<id> for another. Internal.';
+
+create or replace function kb._vector_index(knowledge_base integer)
+returns pg_catalog.regclass
+language sql
+stable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+return pg_catalog.to_regclass('kb_data.' operator(pg_catalog.||) kb._vector_index_name(knowledge_base));
+comment on function kb._vector_index(integer) is
+    'A knowledge base''s HNSW index, NULL when it has none (no vectors yet, or a load that '
+    'builds it after its rows). Internal.';
+
+create or replace function kb._build_vector_index(index_name text, layout text, vector_dimension integer)
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- partial once kb_data.chunks holds another knowledge base's rows: each its own graph (a
+    -- search in one never walks another's vectors: pgvector #479) in its own dimension; the
+    -- vector arm's statements name their knowledge base as a literal (kb._chunks_relation),
+    -- which implies the predicate
+    execute pg_catalog.format('create index %I on kb_data.chunks ', index_name)
+            operator(pg_catalog.||) kb._vector_index_definition(layout, vector_dimension)
+            operator(pg_catalog.||) case when kb._chunks_shared()
+                                         then pg_catalog.format(' where kb_id operator(pg_catalog.=) %s',
+                                                                kb._current_kb())
+                                         else '' end;
+end
+$$;
+comment on function kb._build_vector_index(text, text, integer) is
+    'Build the current knowledge base''s HNSW index under this name, in this layout and '
+    'dimension: on the whole of kb_data.chunks while default is its only knowledge base, partial '
+    '(where kb_id = <id>) otherwise. Internal.';
+
+create or replace function kb._drop_vector_index()
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    execute pg_catalog.format('drop index if exists kb_data.%I', kb._vector_index_name(kb._current_kb()));
+end
+$$;
+comment on function kb._drop_vector_index() is
+    'Drop the current knowledge base''s HNSW index, if it has one (a bulk load builds it again '
+    'after its rows: kbpg.store.indexing). Internal.';
+
+create or replace function kb._share_default_vector_index()
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    whole pg_catalog.regclass;
+begin
+    select i.indexrelid::pg_catalog.regclass into whole
+      from pg_catalog.pg_index i
+     where i.indexrelid operator(pg_catalog.=) kb._vector_index(1) and i.indpred is null;
+    if whole is null then
+        return;
+    end if;
+    -- the same index (layout, dimension, the parameters it was built with) limited to default's
+    -- rows, built beside the whole one (searches keep reading it until this commits), then swapped
+    drop index if exists kb_data.chunks_embedding_hnsw_new;
+    execute pg_catalog.regexp_replace(pg_catalog.pg_get_indexdef(whole),
+                                      '^CREATE INDEX chunks_embedding_hnsw ON (ONLY )?',
+                                      'CREATE INDEX chunks_embedding_hnsw_new ON ')
+            operator(pg_catalog.||) ' WHERE (kb_id operator(pg_catalog.=) 1)';
+    drop index kb_data.chunks_embedding_hnsw;
+    alter index kb_data.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
+end
+$$;
+comment on function kb._share_default_vector_index() is
+    'Limit default''s HNSW index to default''s rows (where kb_id = 1) when it covers the whole '
+    'table, before another knowledge base stores vectors beside them: builds it again, in its '
+    'layout and with its parameters. Internal.';
+
 create or replace function kb.set_embedding_layout(layout text)
 returns void
 language plpgsql
@@ -81,6 +180,7 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     space kb.embedding_space;
+    index_name constant text := kb._vector_index_name(kb._current_kb());
 begin
     lock table kb.embedding_space in exclusive mode;
     select * into space from kb.embedding_space;
@@ -91,11 +191,10 @@ begin
     perform kb._check_vector_layout(set_embedding_layout.layout, space.dimension);
     -- build the new index beside the old one (searches keep using the old index and layout until
     -- this transaction commits: CREATE INDEX blocks writers, not readers), then swap
-    drop index if exists kb_data.chunks_embedding_hnsw_new;
-    execute 'create index chunks_embedding_hnsw_new on kb_data.chunks '
-            || kb._vector_index_definition(set_embedding_layout.layout, space.dimension);
-    drop index if exists kb_data.chunks_embedding_hnsw;
-    alter index kb_data.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
+    execute format('drop index if exists kb_data.%I', index_name || '_new');
+    perform kb._build_vector_index(index_name || '_new', set_embedding_layout.layout, space.dimension);
+    perform kb._drop_vector_index();
+    execute format('alter index kb_data.%I rename to %I', index_name || '_new', index_name);
     update kb_data.embedding_space set layout = set_embedding_layout.layout where kb_id = (select kb._current_kb());
 end
 $$;
@@ -166,8 +265,9 @@ begin
     end if;
     insert into kb_data.embedding_space (model, dimension, layout, languages)
     values (model_name, vector_dimension, chosen, kb._model_languages(model_languages));
-    execute 'create index if not exists chunks_embedding_hnsw on kb_data.chunks '
-            || kb._vector_index_definition(chosen, vector_dimension);
+    if kb._vector_index(kb._current_kb()) is null then
+        perform kb._build_vector_index(kb._vector_index_name(kb._current_kb()), chosen, vector_dimension);
+    end if;
 end
 $$;
 comment on function kb.set_embedding_space(text, integer, text, text[]) is
@@ -188,28 +288,33 @@ volatile
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
+declare
+    chosen text;
 begin
     if model_name is null or model_name = '' or vector_dimension is null
        or vector_dimension < 1 or vector_dimension > 16000 then
         raise exception 'invalid embedding space (%, %)', model_name, vector_dimension
             using errcode = '22023';
     end if;
-    perform kb._check_vector_layout(
-        coalesce(reset_embedding_space.layout, kb.default_vector_layout(vector_dimension)),
-        vector_dimension);
+    chosen := coalesce(reset_embedding_space.layout, kb.default_vector_layout(vector_dimension));
+    perform kb._check_vector_layout(chosen, vector_dimension);
     lock table kb.embedding_space in exclusive mode;
-    drop index if exists kb_data.chunks_embedding_hnsw;
+    perform kb._drop_vector_index();
     update kb_data.chunks set embedding = null where embedding is not null
                                                  and kb_id = (select kb._current_kb());
     delete from kb_data.embedding_space where kb_id = (select kb._current_kb());
-    perform kb.set_embedding_space(model_name, vector_dimension, reset_embedding_space.layout,
-                                   reset_embedding_space.model_languages);
+    insert into kb_data.embedding_space (model, dimension, layout, languages)
+    values (model_name, vector_dimension, chosen, kb._model_languages(model_languages));
+    -- no index yet: one built now would hold the old vectors' row versions, which this
+    -- transaction still sees (an index on another dimension fails on them); the caller builds
+    -- it in bulk once the new vectors are committed
 end
 $$;
 comment on function kb.reset_embedding_space(text, integer, text, text[]) is
     'Switch the knowledge base to another embedding model: drops every vector and the HNSW '
     'index, records the new space (layout and languages as in kb.set_embedding_space); the '
-    'caller re-embeds (kbpg reembed).';
+    'caller re-embeds and, once that is committed, builds the index (kbpg reembed does both; '
+    'in psql: select kb.set_embedding_layout(layout)).';
 
 create or replace function kb._check_query_embedding(query_embedding @extschema:vector@.vector)
 returns void

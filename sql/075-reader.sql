@@ -145,7 +145,7 @@ set client_min_messages = notice
 -- SQL-standard body does not have ("syntax error at or near RETURN"; docs/scaling.md section 5)
 as $$
     select e.model, e.dimension, e.layout,
-           pg_catalog.to_regclass('kb_data.chunks_embedding_hnsw') is not null
+           kb._vector_index(kb._current_kb()) is not null
       from kb.embedding_space e
 $$;
 comment on function kb.get_embedding_space() is

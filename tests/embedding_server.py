@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from kbpg.models.embedders import MiniLMEmbedder
 from tests.model_servers import LocalServer
 
@@ -22,6 +24,7 @@ class EmbeddingServer(LocalServer):
         fail_first: int = 0,
         fail_status: int = 503,
         refuse: str | None = None,
+        dimensions: int | None = None,
     ) -> None:
         super().__init__(api_key=api_key)
         self.embedder = embedder
@@ -31,6 +34,9 @@ class EmbeddingServer(LocalServer):
         # a batch holding a text with this marker is refused (HTTP 400), as servers refuse an
         # input over their limits or their content policy
         self.refuse = refuse
+        # shortened vectors (the first n, normalised again), as servers of Matryoshka models
+        # answer with their `dimensions` setting: another model's dimension, deterministically
+        self.dimensions = dimensions
 
     @property
     def base_url(self) -> str:
@@ -54,6 +60,9 @@ class EmbeddingServer(LocalServer):
         if self.refuse is not None and any(self.refuse in t for t in texts):
             return 400, {"error": {"message": "input refused", "type": "invalid_request_error"}}
         vectors = self.embedder.embed_documents(texts)
+        if self.dimensions is not None:
+            vectors = vectors[:, : self.dimensions]
+            vectors = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
         data = [
             {"object": "embedding", "index": i, "embedding": v.tolist()}
             for i, v in enumerate(vectors)

@@ -484,7 +484,9 @@ def reembed(app: AppContext, embedder_name: str | None) -> None:
             name = default_embedder(kb.model_defaults().english)
         embedder = get_embedder(app.settings, name)
         click.echo(f"reembed: embedding every chunk with {embedder.model_name}", err=True)
-        summary = run_reembed(kb.db, embedder, progress=_ProgressLine("reembed"))
+        summary = run_reembed(
+            kb.db, embedder, progress=_ProgressLine("reembed"), index_progress=_index_progress
+        )
     click.echo(
         f"re-embedded {summary.chunks} chunks with {embedder.model_name} "
         f"({embedder.dimension}-d) in {summary.total_s:.1f} s",

@@ -23,9 +23,9 @@ from kbpg.ingest.run import IngestProgress, IngestSummary, ProgressCallback
 from kbpg.ingest.writer import writer
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, model_languages
-from kbpg.store import queries
+from kbpg.store import indexing, queries
 from kbpg.store.catalog import source_candidates
-from kbpg.store.sessions import Database, Principal
+from kbpg.store.sessions import Connection, Database, Principal
 
 
 def delete_documents(
@@ -81,51 +81,71 @@ def reembed(
     *,
     principal: Principal | None = None,
     progress: ProgressCallback | None = None,
+    index_progress: indexing.ProgressCallback | None = None,
 ) -> IngestSummary:
     """Switch the knowledge base to `embedder`'s space and rebuild every vector, in one
-    transaction: an interrupted re-embed leaves the old vectors and space in place."""
+    transaction: an interrupted re-embed leaves the old vectors and space in place. The HNSW
+    index is built after, in bulk (searches are exact meanwhile)."""
     summary = IngestSummary()
     started = time.perf_counter()
-    prefixes: dict[str, str] = {}
-    with writer(db, principal) as conn, db.transaction(conn, principal, write=True):
-        conn.execute(
-            queries.RESET_EMBEDDING_SPACE,
-            (embedder.model_name, embedder.dimension, model_languages(embedder.model_name)),
-        )
-        conn.execute(queries.REEMBED_TABLE)
-        with conn.cursor(name="kbpg_reembed_read") as read:
-            read.itersize = REEMBED_BATCH
-            read.execute(queries.REEMBED_READ)
-            while rows := read.fetchmany(REEMBED_BATCH):
-                texts = []
-                for _, section, content, context in rows:
-                    if section not in prefixes:
-                        path = tuple(section.split(SECTION_SEPARATOR)) if section else ()
-                        prefixes[section] = heading_prefix(path, embedder)
-                    texts.append(
-                        with_context(embedder, context, embed_text(prefixes[section], content))
-                    )
-                t0 = time.perf_counter()
-                parts = []
-                for start in range(0, len(texts), REEMBED_PROGRESS):
-                    parts.append(embedder.embed_documents(texts[start : start + REEMBED_PROGRESS]))
-                    done = summary.chunks + min(start + REEMBED_PROGRESS, len(texts))
-                    if progress is not None:
-                        progress(IngestProgress(0, done, time.perf_counter() - started))
-                vectors = np.concatenate(parts)
-                t1 = time.perf_counter()
-                with conn.cursor() as cur, cur.copy(queries.REEMBED_COPY) as copy:
-                    copy.set_types(["int8", "vector"])
-                    for (chunk_id, *_), vector in zip(rows, vectors, strict=True):
-                        copy.write_row((chunk_id, vector))
-                summary.embed_s += t1 - t0
-                summary.database_s += time.perf_counter() - t1
-                summary.chunks += len(rows)
+    with writer(db, principal) as conn:
+        with db.transaction(conn, principal, write=True):
+            _embed_every_chunk(conn, embedder, summary, started, progress)
+        # the index in bulk, once the new vectors are committed (kb.reset_embedding_space)
         t0 = time.perf_counter()
-        conn.execute(queries.REEMBED_APPLY)
+        indexing.ensure_index(
+            conn, db.url, index_progress, lambda: db.transaction(conn, principal, write=True)
+        )
         summary.database_s += time.perf_counter() - t0
     summary.total_s = time.perf_counter() - started
     return summary
+
+
+def _embed_every_chunk(
+    conn: Connection,
+    embedder: Embedder,
+    summary: IngestSummary,
+    started: float,
+    progress: ProgressCallback | None,
+) -> None:
+    """The re-embed's one transaction: the new space, every chunk's vector, applied at once."""
+    prefixes: dict[str, str] = {}
+    conn.execute(
+        queries.RESET_EMBEDDING_SPACE,
+        (embedder.model_name, embedder.dimension, model_languages(embedder.model_name)),
+    )
+    conn.execute(queries.REEMBED_TABLE)
+    with conn.cursor(name="kbpg_reembed_read") as read:
+        read.itersize = REEMBED_BATCH
+        read.execute(queries.REEMBED_READ)
+        while rows := read.fetchmany(REEMBED_BATCH):
+            texts = []
+            for _, section, content, context in rows:
+                if section not in prefixes:
+                    path = tuple(section.split(SECTION_SEPARATOR)) if section else ()
+                    prefixes[section] = heading_prefix(path, embedder)
+                texts.append(
+                    with_context(embedder, context, embed_text(prefixes[section], content))
+                )
+            t0 = time.perf_counter()
+            parts = []
+            for start in range(0, len(texts), REEMBED_PROGRESS):
+                parts.append(embedder.embed_documents(texts[start : start + REEMBED_PROGRESS]))
+                done = summary.chunks + min(start + REEMBED_PROGRESS, len(texts))
+                if progress is not None:
+                    progress(IngestProgress(0, done, time.perf_counter() - started))
+            vectors = np.concatenate(parts)
+            t1 = time.perf_counter()
+            with conn.cursor() as cur, cur.copy(queries.REEMBED_COPY) as copy:
+                copy.set_types(["int8", "vector"])
+                for (chunk_id, *_), vector in zip(rows, vectors, strict=True):
+                    copy.write_row((chunk_id, vector))
+            summary.embed_s += t1 - t0
+            summary.database_s += time.perf_counter() - t1
+            summary.chunks += len(rows)
+    t0 = time.perf_counter()
+    conn.execute(queries.REEMBED_APPLY)
+    summary.database_s += time.perf_counter() - t0
 
 
 # -- re-contextualizing -----------------------------------------------------------------------

@@ -16,7 +16,6 @@ from kbpg.store import db as kdb
 from kbpg.store import queries
 
 LAYOUTS = ("vector", "halfvec", "binary")
-INDEX_NAMES = ("chunks_embedding_hnsw", "chunks_embedding_hnsw_new")
 POLL_S = 2.0
 _GIB = 2**30
 # bytes of HNSW graph per chunk besides the element itself (m = 16: up to 32 neighbour tids at

@@ -426,10 +426,8 @@ SPACE_LAYOUT_AND_CHUNKS: Final = (
 )
 SET_LOCAL: Final = "select pg_catalog.set_config(%s, %s, true)"
 SET_EMBEDDING_LAYOUT: Final = "select kb.set_embedding_layout(%s)"
-VECTOR_INDEX_PRESENT: Final = (
-    "select pg_catalog.to_regclass('kb_data.chunks_embedding_hnsw') is not null"
-)
-DROP_VECTOR_INDEX: Final = "drop index kb_data.chunks_embedding_hnsw"
+VECTOR_INDEX_PRESENT: Final = "select kb._vector_index(kb._current_kb()) is not null"
+DROP_VECTOR_INDEX: Final = "select kb._drop_vector_index()"
 # other sessions holding a lock on kb.chunks (its state and start: visible to the same role or
 # pg_read_all_stats only, NULL otherwise)
 CHUNKS_LOCK_HOLDERS: Final = """

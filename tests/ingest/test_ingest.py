@@ -409,6 +409,41 @@ def test_reembed_switches_the_space_and_rebuilds_every_vector(
     assert_bm25_stats_exact(db_url)
 
 
+def test_reembed_into_another_dimension_builds_its_index_after_the_vectors(
+    db_url: str, kb: KnowledgeBase, tmp_path: Path, embedder: Embedder
+) -> None:
+    """A model of another dimension (MiniLM's first 128 of 384, as a Matryoshka server's
+    `dimensions` answers): the old vectors' row versions, still visible to the re-embed's own
+    transaction, must not reach an index on 128 dimensions (revision 0028 left the column
+    untyped), so the index is built once the new vectors are committed."""
+    make_kb(tmp_path / "kb")
+    ingest_paths(kb.db, kb.models, [tmp_path / "kb"], embedder, recursive=True)
+    old = dict(rows(db_url, "select id, embedding from kb.chunks"))
+    with EmbeddingServer(embedder, model="minilm-128", dimensions=128) as server:  # type: ignore[arg-type]
+        summary = reembed(kb.db, OpenAIEmbedder(server.base_url, "minilm-128"))
+    assert summary.chunks == len(old)
+    assert rows(
+        db_url, "select model, dimension, layout, indexed from kb.get_embedding_space()"
+    ) == [("minilm-128", 128, "halfvec", True)]
+    [(definition,)] = rows(
+        db_url, "select indexdef from pg_indexes where indexname = 'chunks_embedding_hnsw'"
+    )
+    assert "halfvec(128)" in definition
+    new = dict(rows(db_url, "select id, embedding from kb.chunks"))
+    for chunk_id, vector in new.items():
+        shortened = old[chunk_id].to_numpy()[:128]
+        assert np.dot(vector.to_numpy(), shortened / np.linalg.norm(shortened)) > 0.999
+    # each vector finds its own chunk first, through the new index
+    some = sorted(new)[:3]
+    for chunk_id in some:
+        found = rows(
+            db_url,
+            "select chunk_id from kb.search_vector("
+            f"(select embedding from kb.chunks where id = {chunk_id}), 1)",
+        )
+        assert found == [(chunk_id,)]
+
+
 # -- interrupted ingest -----------------------------------------------------------------------
 
 

@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import psycopg
 import pytest
 
 from tests.sql.test_sql_lexical import bm25_statistics, counted_statistics
-from tests.sqldata import add_chunk, add_doc, raises_sqlstate
+from tests.sqldata import add_chunk, add_doc, raises_sqlstate, vec
 
 DEFAULT_TEXTS = ["solar wind and the ionosphere", "radio waves in the ionosphere", "tides"]
 OTHER_TEXTS = ["solar panels on roofs", "solar panels and radio", "ionosphere of Jupiter"]
@@ -75,3 +76,111 @@ def test_a_name_is_taken_once(two: Any) -> None:
     conn, _, _ = two
     with raises_sqlstate(conn, "42710"):
         conn.execute("select kb._create_knowledge_base('other')")
+
+
+def index_definitions(conn: psycopg.Connection[Any]) -> dict[str, str]:
+    rows = conn.execute(
+        "select indexname, indexdef from pg_indexes"
+        " where schemaname = 'kb_data' and indexname like 'chunks_embedding_hnsw%'"
+    ).fetchall()
+    return {str(name): str(definition) for name, definition in rows}
+
+
+def vector_ranked(conn: psycopg.Connection[Any], query: Any, k: int = 5) -> list[int]:
+    rows = conn.execute(
+        "select chunk_id from kb.search_vector(%s::vector, %s, min_similarity => -1) order by rank",
+        (vec(query), k),
+    ).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def index_scans(conn: psycopg.Connection[Any], name: str) -> int:
+    row = conn.execute(
+        "select pg_stat_get_xact_numscans(to_regclass('kb_data.' || %s))", (name,)
+    ).fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def exact_top(vectors: np.ndarray, chunk_ids: list[int], query: np.ndarray, k: int) -> list[int]:
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    sims = unit @ (query / np.linalg.norm(query))
+    return [chunk_ids[i] for i in np.argsort(-sims, kind="stable")[:k]]
+
+
+def random_chunks(
+    conn: psycopg.Connection[Any], dimension: int, seed: int
+) -> tuple[np.ndarray, list[int]]:
+    vectors = np.random.default_rng(seed).normal(size=(60, dimension))
+    doc = add_doc(conn, "vectors.md")
+    return vectors, [add_chunk(conn, doc, f"chunk {i}", list(v)) for i, v in enumerate(vectors)]
+
+
+def test_each_knowledge_base_has_its_own_vector_index_in_its_own_dimension(db_url: str) -> None:
+    """Default's HNSW covers the table while default is alone; the second knowledge base
+    limits it to default's rows (same layout and parameters) and gets a partial index of its
+    own, in another dimension; each search scans its own index and finds its exact top 5."""
+    with psycopg.connect(db_url) as conn:
+        conn.execute("select kb.set_embedding_space('model-3', 3)")
+        default_vectors, default_ids = random_chunks(conn, 3, seed=1)
+        conn.execute(
+            "alter index kb_data.chunks_embedding_hnsw set (ef_construction = 40)"
+        )  # a parameter an operator chose: kept by the rebuild
+        alone = index_definitions(conn)
+        assert list(alone) == ["chunks_embedding_hnsw"]
+        assert "WHERE" not in alone["chunks_embedding_hnsw"]
+
+        (other,) = conn.execute("select kb._create_knowledge_base('other')").fetchone() or (0,)
+        shared = index_definitions(conn)
+        assert shared == {
+            "chunks_embedding_hnsw": alone["chunks_embedding_hnsw"] + " WHERE (kb_id = 1)"
+        }
+        use(conn, other)
+        conn.execute("select kb.set_embedding_space('model-5', 5, 'vector')")
+        other_vectors, other_ids = random_chunks(conn, 5, seed=2)
+        own = f"chunks_embedding_hnsw_{other}"
+        assert index_definitions(conn)[own] == (
+            f"CREATE INDEX {own} ON kb_data.chunks USING hnsw (((embedding)::vector(5))"
+            f" vector_cosine_ops) WITH (m='16', ef_construction='128') WHERE (kb_id = {other})"
+        )
+        conn.commit()
+
+        conn.execute("select set_config('kb.vector_exact_limit', '0', true)")  # the HNSW path
+        conn.execute("select set_config('enable_seqscan', 'off', true)")
+        query = np.array([0.3, -1.0, 0.2, 0.5, 0.1])
+        assert vector_ranked(conn, query) == exact_top(other_vectors, other_ids, query, 5)
+        assert (index_scans(conn, own), index_scans(conn, "chunks_embedding_hnsw")) == (1, 0)
+        with raises_sqlstate(conn, "KB001"):
+            vector_ranked(conn, query[:3])
+        use(conn, 1)
+        conn.execute("select set_config('kb.vector_exact_limit', '0', true)")
+        conn.execute("select set_config('enable_seqscan', 'off', true)")
+        assert vector_ranked(conn, query[:3]) == exact_top(
+            default_vectors, default_ids, query[:3], 5
+        )
+        assert (index_scans(conn, own), index_scans(conn, "chunks_embedding_hnsw")) == (1, 1)
+        conn.rollback()
+
+        # another layout, or another model, in one knowledge base leaves the other's index be
+        default_index = conn.execute(
+            "select 'kb_data.chunks_embedding_hnsw'::regclass::oid"
+        ).fetchone()
+        use(conn, other)
+        conn.execute("select kb.set_embedding_layout('halfvec')")
+        assert "halfvec(5)" in index_definitions(conn)[own]
+        # another model: its vectors first, then (committed) its index
+        conn.execute("select kb.reset_embedding_space('model-4', 4)")
+        assert own not in index_definitions(conn)
+        conn.execute("update kb.chunks set embedding = '[1,2,3,4]'")
+        conn.commit()
+        conn.execute("select kb.set_embedding_layout('halfvec')")
+        assert "halfvec(4)" in index_definitions(conn)[own]
+        assert (
+            conn.execute("select 'kb_data.chunks_embedding_hnsw'::regclass::oid").fetchone()
+            == default_index
+        )
+        use(conn, 1)
+        assert conn.execute(
+            "select count(*) from kb.chunks where embedding is not null"
+        ).fetchone() == (len(default_ids),)
+        assert index_definitions(conn)["chunks_embedding_hnsw"] == shared["chunks_embedding_hnsw"]
