@@ -4,6 +4,7 @@ and the search every face (CLI, HTTP, MCP, adapters) calls."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Self
@@ -44,8 +45,11 @@ class KnowledgeBase:
         settings: Settings | None = None,
         pool_size: int = 4,
         embedder_name: str | None = None,
+        kb: str | None = None,
     ) -> None:
         self.settings = settings or Settings.from_env()
+        if kb is not None:  # over KBPG_KB: the knowledge base this object works in
+            self.settings = dataclasses.replace(self.settings, knowledge_base=kb)
         self.db = Database(self.settings, url, pool_size=pool_size)
         self.url = self.db.url
         self.models = ModelClients(

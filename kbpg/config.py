@@ -9,6 +9,9 @@ from pathlib import Path
 
 from kbpg.errors import ConfigError
 
+# the knowledge base every database has (revision 0028): what a call without --kb / KBPG_KB uses
+DEFAULT_KNOWLEDGE_BASE = "default"
+
 DEFAULT_MAX_CHUNKS = 8
 CLI_DEFAULT_TOP = 5
 # Per-transaction limits applied by KnowledgeBase.session (milliseconds; 0 = the server's).
@@ -152,6 +155,8 @@ class Settings:
     replica_max_lag_ms: int = REPLICA_MAX_LAG_MS
     # KBPG_LANGUAGE: the language `kbpg db upgrade` gives the knowledge base (and ingest checks)
     language: str | None = None
+    # KBPG_KB (--kb): the knowledge base every call works in (kbpg kb create makes others)
+    knowledge_base: str = DEFAULT_KNOWLEDGE_BASE
 
     @classmethod
     def from_env(cls) -> Settings:
@@ -181,6 +186,7 @@ class Settings:
             write_lock_wait_ms=_env_duration_ms("KBPG_WRITE_LOCK_WAIT", WRITE_LOCK_WAIT_MS),
             replica_max_lag_ms=_env_duration_ms("KBPG_REPLICA_MAX_LAG", REPLICA_MAX_LAG_MS),
             language=_env("KBPG_LANGUAGE"),
+            knowledge_base=_env("KBPG_KB") or DEFAULT_KNOWLEDGE_BASE,
         )
 
 

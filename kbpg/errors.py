@@ -100,6 +100,7 @@ _BY_STATE: dict[str, type[KbpgError]] = {
     "KB003": QueryTooLarge,  # over the documented query cost bound
     "KB004": InvalidInput,  # a metadata filter kb._metadata_jsonpath cannot read
     "KB010": NotFound,  # a table source's table was dropped
+    "KB011": NotFound,  # no knowledge base of that name
     "42501": PermissionDenied,
     "25006": ReadOnlyDatabase,
     "57014": QueryTimeout,

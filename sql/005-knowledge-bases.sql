@@ -20,11 +20,15 @@ stable
 parallel safe
 security invoker
 set search_path = pg_catalog, pg_temp
-return exists (select 1 from kb_data.knowledge_bases k where k.id operator(pg_catalog.<>) 1);
+-- or did: default's index stays limited to its rows once another knowledge base was made
+return exists (select 1 from kb_data.knowledge_bases k where k.id operator(pg_catalog.<>) 1)
+    or exists (select 1 from pg_catalog.pg_index i
+                where i.indexrelid operator(pg_catalog.=) pg_catalog.to_regclass('kb_data.chunks_embedding_hnsw')
+                  and i.indpred is not null);
 comment on function kb._chunks_shared() is
-    'Whether kb_data.chunks holds (or may hold) another knowledge base''s rows than default''s: '
-    'its statements then name their knowledge base, and each knowledge base''s HNSW index is '
-    'partial. Internal.';
+    'Whether kb_data.chunks holds (or may hold) another knowledge base''s rows than default''s, '
+    'or did (default''s HNSW index is limited to its rows): statements then name their '
+    'knowledge base, and each knowledge base''s HNSW index is partial. Internal.';
 
 create or replace function kb._chunks_relation()
 returns text
@@ -79,3 +83,186 @@ comment on function kb._create_knowledge_base(text) is
     'A new, empty knowledge base (its statistics, impact cache state, the database''s language '
     'and access roles); its id. Internal until each knowledge base has its own vector index, '
     'language and grants (issue 39): tests and benchmarks select it with kbpg.kb_id.';
+
+create or replace function kb.knowledge_base_id(kb_name text)
+returns integer
+language plpgsql
+stable
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    found_id integer;
+begin
+    select k.id into found_id from kb_data.knowledge_bases k where k.name = kb_name;
+    if found_id is null then
+        raise exception 'no knowledge base "%"', coalesce(kb_name, 'NULL')
+            using errcode = 'KB011',
+                  hint = 'kbpg kb list (select * from kb.knowledge_bases()) names them; kbpg kb create makes one';
+    end if;
+    return found_id;
+end
+$$;
+comment on function kb.knowledge_base_id(text) is
+    'The id of the knowledge base of this name (SQLSTATE KB011 when there is none): '
+    'select set_config(''kbpg.kb_id'', kb.knowledge_base_id(''hr'')::text, true) makes it the '
+    'current one for the transaction, as kbpg''s own connections do.';
+
+create or replace function kb._check_knowledge_base_name(kb_name text)
+returns void
+language plpgsql
+immutable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if kb_name is null or kb_name !~ '^[a-z0-9][a-z0-9_.-]{0,62}$' then
+        raise exception 'invalid knowledge base name "%"', coalesce(kb_name, 'NULL')
+            using errcode = '22023',
+                  hint = 'lower-case letters, digits, ".", "_" and "-", starting with a letter or a digit, at most 63';
+    end if;
+end
+$$;
+comment on function kb._check_knowledge_base_name(text) is
+    'Raise 22023 unless the name is one kb_data.knowledge_bases accepts. Internal.';
+
+create or replace function kb.create_knowledge_base(
+    kb_name text,
+    language text default null,
+    model_name text default null,
+    vector_dimension integer default null
+)
+returns integer
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    made integer;
+    caller_kb constant text := pg_catalog.current_setting('kbpg.kb_id', true);
+begin
+    perform kb._check_knowledge_base_name(kb_name);
+    if (model_name is null) <> (vector_dimension is null) then
+        raise exception 'give the model and its dimension together, or neither'
+            using errcode = '22023', hint = 'without them the first ingest records its model';
+    end if;
+    made := kb._create_knowledge_base(kb_name);
+    -- the new knowledge base is the current one until this function returns
+    perform pg_catalog.set_config('kbpg.kb_id', made::text, true);
+    if create_knowledge_base.language is not null then
+        update kb_data.language set name = kb._resolve_language(create_knowledge_base.language)
+         where kb_id = made;
+    end if;
+    if model_name is not null then
+        perform kb.set_embedding_space(model_name, vector_dimension);
+    end if;
+    perform pg_catalog.set_config('kbpg.kb_id', coalesce(caller_kb, ''), true);
+    return made;
+end
+$$;
+comment on function kb.create_knowledge_base(text, text, text, integer) is
+    'A new, empty knowledge base: its name, its language (default: default''s), optionally its '
+    'embedding model and dimension (default: recorded by its first ingest); its id. The first '
+    'one beside default limits default''s HNSW index to default''s rows (built again: minutes at '
+    'a million chunks; kbpg kb create builds it concurrently first).';
+
+create or replace function kb.knowledge_bases()
+returns table (name text, language text, model text, dimension integer, documents bigint,
+               chunks bigint, created_at timestamptz)
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+begin atomic
+    select k.name, l.name, e.model, e.dimension, coalesce(d.documents, 0),
+           coalesce(s.chunk_count, 0), k.created_at
+      from kb_data.knowledge_bases k
+      left join kb_data.language l on l.kb_id operator(pg_catalog.=) k.id
+      left join kb_data.embedding_space e on e.kb_id operator(pg_catalog.=) k.id
+      left join kb_data.corpus_stats s on s.kb_id operator(pg_catalog.=) k.id
+      left join (select kb_id, pg_catalog.count(*) as documents
+                   from kb_data.documents group by kb_id) d on d.kb_id operator(pg_catalog.=) k.id
+     order by k.id;
+end;
+comment on function kb.knowledge_bases() is
+    'The knowledge bases of this database, default first: name, language, embedding model and '
+    'dimension (NULL before the first vector), documents, chunks, when created.';
+
+create or replace function kb.rename_knowledge_base(kb_name text, new_name text)
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    renamed constant integer := kb.knowledge_base_id(kb_name);
+begin
+    perform kb._check_knowledge_base_name(new_name);
+    if renamed = 1 then
+        raise exception 'the knowledge base default keeps its name'
+            using errcode = '55000',
+                  hint = 'every connection without a knowledge base named (no --kb, no KBPG_KB) uses it by that name';
+    end if;
+    if exists (select 1 from kb_data.knowledge_bases k where k.name = new_name) then
+        raise exception 'knowledge base "%" exists already', new_name
+            using errcode = '42710', hint = 'pick another name';
+    end if;
+    update kb_data.knowledge_bases set name = new_name where id = renamed;
+end
+$$;
+comment on function kb.rename_knowledge_base(text, text) is
+    'Give a knowledge base another name (not default: it keeps its own).';
+
+create or replace function kb.drop_knowledge_base(kb_name text)
+returns table (documents bigint, chunks bigint)
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    dropped constant integer := kb.knowledge_base_id(kb_name);
+    caller_kb constant text := pg_catalog.current_setting('kbpg.kb_id', true);
+    counted record;
+    t record;
+begin
+    if dropped = 1 then
+        raise exception 'the knowledge base default cannot be dropped'
+            using errcode = '55000', hint = 'kbpg documents delete --all empties it';
+    end if;
+    -- kbpg's writers (ingest, sync, delete) hold this lock for their whole job
+    -- (kbpg.ingest.writer.WRITE_LOCK_KEY, "kbpg")
+    perform pg_catalog.pg_advisory_xact_lock(1801613415);
+    if exists (select 1 from kb_data.table_sources s where s.kb_id = dropped) then
+        raise exception 'the knowledge base "%" has table sources', kb_name
+            using errcode = '55000',
+                  hint = format('remove them first (kbpg sources remove NAME --kb %s): their capture triggers write into it', kb_name);
+    end if;
+    perform pg_catalog.set_config('kbpg.kb_id', dropped::text, true);
+    select (select count(*) from kb.documents) as documents, s.chunk_count as chunks
+      into counted from kb.corpus_stats s;
+    perform kb._drop_vector_index();
+    -- its documents first: their chunks, edges and caches go with them (foreign keys), then
+    -- every other row of the knowledge base, then its name
+    delete from kb_data.documents where kb_id = (select kb._current_kb());
+    for t in select c.relname
+               from pg_catalog.pg_class c
+               join pg_catalog.pg_attribute a on a.attrelid = c.oid and a.attname = 'kb_id'
+              where c.relnamespace = 'kb_data'::pg_catalog.regnamespace and c.relkind in ('r', 'p')
+                and c.relname not in ('knowledge_bases', 'documents')
+              order by c.relname
+    loop
+        execute format('delete from kb_data.%I where kb_id = (select kb._current_kb())', t.relname);
+    end loop;
+    delete from kb_data.knowledge_bases where id = dropped;
+    perform pg_catalog.set_config('kbpg.kb_id', coalesce(caller_kb, ''), true);
+    return query select counted.documents, coalesce(counted.chunks, 0);
+end
+$$;
+comment on function kb.drop_knowledge_base(text) is
+    'Delete a knowledge base: its documents, chunks, edges, statistics, caches, grants, vector '
+    'index and name (not default; not while it has table sources); waits for kbpg''s writers. '
+    'What it held.';

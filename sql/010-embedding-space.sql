@@ -139,10 +139,10 @@ comment on function kb._drop_vector_index() is
     'Drop the current knowledge base''s HNSW index, if it has one (a bulk load builds it again '
     'after its rows: kbpg.store.indexing). Internal.';
 
-create or replace function kb._share_default_vector_index()
-returns void
+create or replace function kb._shared_default_vector_index()
+returns text
 language plpgsql
-volatile
+volatile  -- (reads only; its result is a statement to run)
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
@@ -152,24 +152,49 @@ begin
     select i.indexrelid::pg_catalog.regclass into whole
       from pg_catalog.pg_index i
      where i.indexrelid operator(pg_catalog.=) kb._vector_index(1) and i.indpred is null;
-    if whole is null then
+    -- the same index (layout, dimension, the parameters it was built with) on default's rows
+    return pg_catalog.regexp_replace(pg_catalog.pg_get_indexdef(whole),
+                                     '^CREATE INDEX chunks_embedding_hnsw ON (ONLY )?',
+                                     'CREATE INDEX chunks_embedding_hnsw_new ON ')
+           operator(pg_catalog.||) ' WHERE (kb_id = 1)';
+end
+$$;
+comment on function kb._shared_default_vector_index() is
+    'The CREATE INDEX statement of default''s HNSW index limited to default''s rows, named '
+    'chunks_embedding_hnsw_new; NULL unless default''s index covers the whole table (none, or '
+    'partial already). Internal.';
+
+create or replace function kb._share_default_vector_index()
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    statement constant text := kb._shared_default_vector_index();
+begin
+    if statement is null then
         return;
     end if;
-    -- the same index (layout, dimension, the parameters it was built with) limited to default's
-    -- rows, built beside the whole one (searches keep reading it until this commits), then swapped
-    drop index if exists kb_data.chunks_embedding_hnsw_new;
-    execute pg_catalog.regexp_replace(pg_catalog.pg_get_indexdef(whole),
-                                      '^CREATE INDEX chunks_embedding_hnsw ON (ONLY )?',
-                                      'CREATE INDEX chunks_embedding_hnsw_new ON ')
-            operator(pg_catalog.||) ' WHERE (kb_id operator(pg_catalog.=) 1)';
+    -- built already, concurrently, by kbpg kb create (searches went on meanwhile)? else now,
+    -- beside the whole one (searches keep reading it until this commits)
+    if not exists (select 1 from pg_catalog.pg_index i
+                    where i.indexrelid operator(pg_catalog.=) pg_catalog.to_regclass('kb_data.chunks_embedding_hnsw_new')
+                      and i.indisvalid
+                      and pg_catalog.pg_get_indexdef(i.indexrelid) operator(pg_catalog.=) statement) then
+        drop index if exists kb_data.chunks_embedding_hnsw_new;
+        execute statement;
+    end if;
     drop index kb_data.chunks_embedding_hnsw;
     alter index kb_data.chunks_embedding_hnsw_new rename to chunks_embedding_hnsw;
 end
 $$;
 comment on function kb._share_default_vector_index() is
     'Limit default''s HNSW index to default''s rows (where kb_id = 1) when it covers the whole '
-    'table, before another knowledge base stores vectors beside them: builds it again, in its '
-    'layout and with its parameters. Internal.';
+    'table, before another knowledge base stores vectors beside them: the index '
+    'kb._shared_default_vector_index() describes, taken as built when valid, else built now. '
+    'Internal.';
 
 create or replace function kb.set_embedding_layout(layout text)
 returns void

@@ -135,10 +135,13 @@ begin
     perform pg_catalog.set_config('kb.language_change_after', '0', true);
     if before is distinct from chosen then
         update kb_data.language set name = chosen, changed_at = pg_catalog.now() where kb_id = (select kb._current_kb());
-        -- the trigger carries the language (no lookup per row); CREATE OR REPLACE TRIGGER takes
-        -- the same lock as above, never one that blocks searches
-        execute format('create or replace trigger chunks_text_search before insert or update on kb_data.chunks '
-                       'for each row execute function kb._chunks_text_search_language(%L)', chosen);
+        -- the trigger carries default's language (no lookup per row; another knowledge base's
+        -- rows read theirs, revision 0030); CREATE OR REPLACE TRIGGER takes the same lock as
+        -- above, never one that blocks searches
+        if kb._current_kb() = 1 then
+            execute format('create or replace trigger chunks_text_search before insert or update on kb_data.chunks '
+                           'for each row execute function kb._chunks_text_search_language(%L)', chosen);
+        end if;
     else
         -- nothing to re-analyse
         perform pg_catalog.set_config('kb.language_change_after', '9223372036854775807', true);

@@ -60,7 +60,8 @@ return array(select p.oid::pg_catalog.regprocedure
                                            'expand_graph', 'fuse_rrf', 'fuse_convex', 'cap_per_document',
                                            'list_documents', 'get_document', 'get_chunk',
                                            'get_embedding_space', 'stats', 'list_grants',
-                                           'access_status', 'model_defaults', 'highlight', 'facets'])
+                                           'access_status', 'model_defaults', 'highlight', 'facets',
+                                           'knowledge_base_id'])
               order by 1);
 comment on function kb._access_reader_api() is
     'The functions the reader role may execute: everything a reader reads goes through them.';

@@ -13,8 +13,8 @@ from typing import Any
 import click
 
 from kbpg import __version__
-from kbpg.cli import access, db, library, search, sources
-from kbpg.cli.common import AppContext
+from kbpg.cli import access, db, knowledge_bases, library, search, sources
+from kbpg.cli.common import AppContext, knowledge_base_option
 
 __all__ = ["main"]
 
@@ -38,8 +38,19 @@ def main(ctx: click.Context, debug: bool) -> None:
     ctx.obj = AppContext(debug=debug)
 
 
+def _with_knowledge_base(command: click.Command) -> None:
+    """--kb on the command, or on each command of a group."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            _with_knowledge_base(sub)
+    elif not any(param.name == "knowledge_base" for param in command.params):
+        command.params.append(knowledge_base_option())  # (a command in two groups: once)
+
+
+# every command that works in one knowledge base takes --kb (db works on the database, kb on
+# the knowledge bases by name)
 for command in (
-    db.db,
+    search.eval_command,
     search.eval_command,
     search.search,
     search.serve,
@@ -57,6 +68,9 @@ for command in (
     sources.sources,
     sources.sync_command,
 ):
+    _with_knowledge_base(command)
+    main.add_command(command)
+for command in (db.db, knowledge_bases.knowledge_bases):
     main.add_command(command)
 
 

@@ -88,6 +88,7 @@ class AppContext:
         self._settings: Settings | None = None
         self._url: str | None = None
         self.write_lock_wait_ms: int | None = None  # --lock-wait, over KBPG_WRITE_LOCK_WAIT
+        self.knowledge_base_name: str | None = None  # --kb, over KBPG_KB
 
     @property
     def settings(self) -> Settings:
@@ -95,6 +96,8 @@ class AppContext:
             settings = Settings.from_env()
             if self.write_lock_wait_ms is not None:
                 settings = dataclasses.replace(settings, write_lock_wait_ms=self.write_lock_wait_ms)
+            if self.knowledge_base_name is not None:
+                settings = dataclasses.replace(settings, knowledge_base=self.knowledge_base_name)
             self._settings = settings
         return self._settings
 
@@ -196,6 +199,24 @@ lock_wait_option = click.option(
     help="Give up after waiting this long for another writer (e.g. 30s, 10min; 0: at once) "
     "[env: KBPG_WRITE_LOCK_WAIT; default: 60s].",
 )
+
+
+def _knowledge_base(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    app = ctx.find_object(AppContext)
+    if value is not None and app is not None:
+        app.knowledge_base_name = value
+
+
+def knowledge_base_option() -> click.Option:
+    """--kb NAME, which every command working in one knowledge base takes (kbpg.cli adds it)."""
+    return click.Option(
+        ["--kb", "knowledge_base"],
+        metavar="NAME",
+        expose_value=False,
+        is_eager=True,  # before the other options' callbacks read the settings
+        callback=_knowledge_base,
+        help="The knowledge base to work in [env: KBPG_KB; default: default].",
+    )
 
 
 def _search_option(name: str, option: Option, default: Any = None) -> Callable[[F], F]:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
 from psycopg_pool import ConnectionPool
 
 from kbpg.config import Settings
@@ -84,6 +85,23 @@ def register_types(conn: psycopg.Connection[Any]) -> None:
     # the queries above opened a transaction; leave none behind
     if not conn.autocommit:
         conn.rollback()
+
+
+def in_knowledge_base(url: str, kb_id: int) -> str:
+    """`url` with the knowledge base selected for every session it opens (the setting
+    kbpg.kb_id, as a startup option beside any the URL has): no round trip per call."""
+    params = conninfo_to_dict(url)
+    options = str(params.get("options") or "")
+    params["options"] = f"{options} -c kbpg.kb_id={int(kb_id)}".strip()
+    return make_conninfo(**params)  # type: ignore[arg-type]
+
+
+def knowledge_base_id(conn: psycopg.Connection[Any], name: str) -> int:
+    """The id of the knowledge base `name` (NotFound, with a hint, when there is none)."""
+    with translate_errors():
+        row = conn.execute("select kb.knowledge_base_id(%s)", (name,)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def connect(url: str, *, autocommit: bool = False, **kwargs: Any) -> psycopg.Connection[Any]:

@@ -69,6 +69,10 @@ def call_search_text(types: tuple[tuple[str, str], ...], names: tuple[str, ...])
     return call_search(dict(types), list(names)).as_string(None)
 
 
+# the knowledge base of the session (a connection opened before it was known)
+SELECT_KNOWLEDGE_BASE: Final = "select pg_catalog.set_config('kbpg.kb_id', %s, false)"
+
+
 @functools.lru_cache(maxsize=1024)
 def local_settings_text(role: str | None, timeouts: tuple[tuple[str, int], ...]) -> str:
     """local_settings as text, composed once per role and timeouts (every session runs it)."""
@@ -572,3 +576,23 @@ INDEXED_METADATA_KEY_NAMES: Final = "select key from kb.indexed_metadata_keys or
 LIST_INDEXED_METADATA_KEYS: Final = (
     "select key, indexed_at, values, cached_values from kb.list_indexed_metadata_keys()"
 )
+
+
+# -- knowledge bases --------------------------------------------------------------------------
+
+KNOWLEDGE_BASES: Final = (
+    "select name, language, model, dimension, documents, chunks, created_at"
+    " from kb.knowledge_bases()"
+)
+KNOWLEDGE_BASE: Final = KNOWLEDGE_BASES + " where name = %s"
+CHECK_KNOWLEDGE_BASE_NAME: Final = "select kb._check_knowledge_base_name(%s)"
+CREATE_KNOWLEDGE_BASE: Final = "select kb.create_knowledge_base(%s, %s, %s, %s)"
+RENAME_KNOWLEDGE_BASE: Final = "select kb.rename_knowledge_base(%s, %s)"
+DROP_KNOWLEDGE_BASE: Final = "select documents, chunks from kb.drop_knowledge_base(%s)"
+# default's HNSW limited to its rows, built before the second knowledge base is created
+SHARED_DEFAULT_VECTOR_INDEX: Final = "select kb._shared_default_vector_index()"
+DROP_SHARED_DEFAULT_VECTOR_INDEX: Final = (
+    "drop index concurrently if exists kb_data.chunks_embedding_hnsw_new"
+)
+SET_SESSION: Final = "select pg_catalog.set_config(%s, %s, false)"
+RESET_SESSION: Final = "select pg_catalog.set_config(%s, null, false)"

@@ -15,7 +15,7 @@ from psycopg.pq import TransactionStatus
 from psycopg_pool import ConnectionPool, PoolTimeout
 
 from kbpg import telemetry
-from kbpg.config import Settings
+from kbpg.config import DEFAULT_KNOWLEDGE_BASE, Settings
 from kbpg.errors import (
     Busy,
     DatabaseUnavailable,
@@ -96,18 +96,25 @@ class Database:
         self._conn: Connection | None = None
         self._pool: ConnectionPool | None = None
         # KBPG_READ_URL replicates KBPG_DATABASE_URL, not a database given here (kbpg eval's)
-        self._replicas: ReadReplicas | None = None
-        if settings.read_urls and (url is None or url == settings.database_url):
-            self._replicas = ReadReplicas(settings.read_urls, pool_size=pool_size)
+        read_urls = settings.read_urls if url is None or url == settings.database_url else ()
         # Fails fast when the database is down (a pool would keep retrying until its timeout).
         probe = kdb.connect(self.url, autocommit=True)
         try:
             if embedded and kdb.create_schema_if_missing(probe, self.url, settings.language):
                 log.info("created kbpg's schema in the embedded database (first use)")
                 kdb.register_types(probe)  # pgvector's types exist now
+            if settings.knowledge_base != DEFAULT_KNOWLEDGE_BASE:
+                # every session of this Database works in that knowledge base
+                kb_id = kdb.knowledge_base_id(probe, settings.knowledge_base)
+                self.url = kdb.in_knowledge_base(self.url, kb_id)
+                read_urls = tuple(kdb.in_knowledge_base(u, kb_id) for u in read_urls)
+                probe.execute(queries.SELECT_KNOWLEDGE_BASE, (str(kb_id),))
         except BaseException:
             probe.close()
             raise
+        self._replicas: ReadReplicas | None = None
+        if read_urls:
+            self._replicas = ReadReplicas(read_urls, pool_size=pool_size)
         if pool_size <= 1:
             self._conn = probe
         else:

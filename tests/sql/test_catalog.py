@@ -161,6 +161,7 @@ READER_API = {
     "kb.access_status",
     "kb.highlight",
     "kb.facets",
+    "kb.knowledge_base_id",
 }
 # The other SECURITY DEFINER functions: the triggers a table source puts on an application's
 # table, so that the application's roles need no grant on schema kb; they write one table,

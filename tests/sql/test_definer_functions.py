@@ -37,6 +37,7 @@ DEFINERS = {
     "kb.stats": "no argument: counts over kb's tables",
     "kb.list_grants": "one role name, looked up with to_regrole (regrolein): pg_catalog only",
     "kb.access_status": "no argument: kb.access_settings and pg_catalog",
+    "kb.knowledge_base_id": "one name compared with text equality over kb_data.knowledge_bases",
     # table sources (sql/090)
     "kb._source_enqueue": "statement trigger: a changed row's columns as text through to_jsonb of built-in types or the type's output function (no cast), only on its source's own permanent table",
     # one per table source on a plain table with a key of integer, numeric, text or uuid type

@@ -75,7 +75,10 @@ def test_every_update_and_delete_names_its_knowledge_base() -> None:
         text = path.read_text()
         if path.suffix == ".py":  # adjacent literals are one string: "... x"\n    " where ..."
             text = re.sub(r'"\n\s*"', "\n", text)
-        for match in re.finditer(r"\b(update|delete\s+from)\s+kb_data\.\w+", text, re.IGNORECASE):
+        # (the registry of knowledge bases is keyed by the knowledge base itself)
+        for match in re.finditer(
+            r"\b(update|delete\s+from)\s+kb_data\.(?!knowledge_bases\b)\w+", text, re.IGNORECASE
+        ):
             # the statement runs to its semicolon or the end of its string literal
             end = min(
                 (i for i in (text.find(";", match.end()), text.find('"', match.end())) if i > 0),

@@ -184,3 +184,49 @@ def test_each_knowledge_base_has_its_own_vector_index_in_its_own_dimension(db_ur
             "select count(*) from kb.chunks where embedding is not null"
         ).fetchone() == (len(default_ids),)
         assert index_definitions(conn)["chunks_embedding_hnsw"] == shared["chunks_embedding_hnsw"]
+
+
+def test_a_dropped_knowledge_base_leaves_no_row_and_default_keeps_its_index_usable(
+    db_url: str,
+) -> None:
+    with psycopg.connect(db_url) as conn:
+        conn.execute("select kb.set_embedding_space('model-3', 3)")
+        default_vectors, default_ids = random_chunks(conn, 3, seed=1)
+        made = conn.execute(
+            "select kb.create_knowledge_base('gone', 'russian', 'model-5', 5)"
+        ).fetchone()
+        assert made is not None
+        use(conn, made[0])
+        assert conn.execute("select name from kb.language").fetchone() == ("russian",)
+        random_chunks(conn, 5, seed=2)
+        conn.execute("select * from kb.refresh_lexical_index()")
+        conn.commit()
+        use(conn, 1)
+        assert conn.execute("select * from kb.drop_knowledge_base('gone')").fetchone() == (1, 60)
+        conn.commit()
+        tables = conn.execute(
+            "select c.relname from pg_class c join pg_attribute a on a.attrelid = c.oid"
+            " where c.relnamespace = 'kb_data'::regnamespace and c.relkind = 'r'"
+            " and a.attname = 'kb_id'"
+        ).fetchall()
+        assert len(tables) > 20
+        left = {
+            name: conn.execute(
+                f"select count(*) from kb_data.{name} where kb_id = %s", (made[0],)
+            ).fetchone()
+            for (name,) in tables
+        }
+        assert set(left.values()) == {(0,)}
+        assert conn.execute(
+            "select count(*) from kb_data.knowledge_bases where name = 'gone'"
+        ).fetchone() == (0,)
+        # default's index stays limited to its rows, and its statements keep naming default
+        assert "WHERE (kb_id = 1)" in index_definitions(conn)["chunks_embedding_hnsw"]
+        assert conn.execute("select kb._chunks_relation()").fetchone() == (
+            "(select * from kb_data.chunks where kb_id operator(pg_catalog.=) 1)",
+        )
+        conn.execute("select set_config('kb.vector_exact_limit', '0', true)")
+        conn.execute("select set_config('enable_seqscan', 'off', true)")
+        query = np.array([0.3, -1.0, 0.2])
+        assert vector_ranked(conn, query) == exact_top(default_vectors, default_ids, query, 5)
+        assert index_scans(conn, "chunks_embedding_hnsw") == 1

@@ -1,0 +1,189 @@
+"""Two knowledge bases in one database, end to end (issue 39): `default` in English with
+MiniLM (384-d) and `ru` in Russian with a 128-d model served over HTTP, each made, filled and
+searched from the CLI, psql, Python and HTTP; one's writes leave the other's BM25 scores
+bit-identical, and dropping one leaves the other's searches identical."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+import pytest
+
+from kbpg.app import KnowledgeBase
+from kbpg.models.embedders import Embedder
+from kbpg.search import output
+from kbpg.store.embedded import _binaries_dir
+from tests.embedding_server import EmbeddingServer
+from tests.helpers import invoke_kbpg, run_kbpg
+from tests.http_server import running_server
+
+ENGLISH = {
+    "permits.md": "# Parking permits\n\nResidents apply for a parking permit at the council office.\n",
+    "library.md": "# Library cards\n\nA library card is free; the library opens at nine.\n",
+    "waste.md": "# Waste collection\n\nBulky waste is collected once a month on request.\n",
+}
+RUSSIAN = {
+    "parking.md": "# Парковка\n\nРазрешение на парковку выдаёт городская служба парковки.\n",
+    "library.md": "# Библиотека\n\nЧитательский билет в библиотеке бесплатный.\n",
+    "taxes.md": "# Налоги\n\nНалог на имущество платят до первого декабря.\n",
+}
+LEXICAL = (
+    "select s.source, l.score from kb.search_lexical(%s, 10) l"
+    " join kb.chunks c on c.id = l.chunk_id join kb.documents s on s.id = c.document_id"
+    " order by l.rank"
+)
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    root.mkdir(parents=True)
+    for name, text in files.items():
+        (root / name).write_text(text)
+    return root
+
+
+def ok(env: dict[str, str], *args: str) -> str:
+    done = invoke_kbpg(*args, env=env)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def sources(env: dict[str, str], query: str, *args: str) -> list[str]:
+    found = json.loads(ok(env, "search", query, "--json", *args))
+    return [Path(c["source"]).name for c in found["chunks"]]
+
+
+def lexical(db_url: str, kb: str, query: str) -> list[tuple[str, float]]:
+    with psycopg.connect(db_url) as conn:
+        conn.execute(
+            "select set_config('kbpg.kb_id', kb.knowledge_base_id(%s)::text, false)", (kb,)
+        )
+        return [(Path(s).name, score) for s, score in conn.execute(LEXICAL, (query,)).fetchall()]
+
+
+@pytest.fixture
+def served(embedder: Embedder) -> Iterator[EmbeddingServer]:
+    with EmbeddingServer(embedder, model="minilm-128", dimensions=128) as server:  # type: ignore[arg-type]
+        yield server
+
+
+@pytest.fixture
+def two(cli_env: dict[str, str], served: EmbeddingServer, tmp_path: Path) -> dict[str, str]:
+    env = {**cli_env, "KBPG_OPENAI_BASE_URL": served.base_url, "KBPG_OPENAI_MODEL": "minilm-128"}
+    ok(env, "ingest", str(write(tmp_path / "en", ENGLISH)))
+    ok(env, "kb", "create", "ru", "--language", "russian", "--embedder", "openai")
+    ok(env, "ingest", "--kb", "ru", str(write(tmp_path / "ru", RUSSIAN)))
+    return env
+
+
+def test_each_is_searched_in_its_own_language_model_and_statistics(
+    two: dict[str, str], db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    env = two
+    listed = json.loads(ok(env, "kb", "list", "--json"))
+    assert [
+        (k["name"], k["language"], k["model"], k["dimension"], k["documents"]) for k in listed
+    ] == [
+        ("default", "english", "all-MiniLM-L6-v2", 384, 3),
+        ("ru", "russian", "minilm-128", 128, 3),
+    ]
+    # the CLI: each finds its own documents, stemmed in its own language ("парковку" and
+    # "парковки" are one lexeme in Russian, two in English)
+    assert sources(env, "разрешения на парковку", "--kb", "ru")[0] == "parking.md"
+    assert set(sources(env, "разрешения на парковку", "--kb", "ru")) <= set(RUSSIAN)
+    assert sources(env, "parking permit")[0] == "permits.md"
+    assert set(sources(env, "parking permit")) <= set(ENGLISH)
+    assert sources({**env, "KBPG_KB": "ru"}, "налог на имущество")[0] == "taxes.md"
+    assert [s for s, _ in lexical(db_url, "ru", "парковки")] == ["parking.md"]
+    assert lexical(db_url, "default", "парковки") == []
+
+    # Python, psql and HTTP give the CLI's ranking
+    query = "бесплатный читательский билет"
+    cli = json.loads(ok(env, "search", query, "--kb", "ru", "--json", "--top", "3"))
+    for name, value in env.items():
+        if name.startswith("KBPG_"):
+            monkeypatch.setenv(name, value)
+    with KnowledgeBase(kb="ru", pool_size=1) as kb:
+        assert json.loads(output.render_json(kb.search(query, top=3))) == cli
+    literal = ok(env, "embed", "--kb", "ru", query).strip()
+    assert literal.count(",") == 127
+    psql = subprocess.run(
+        [str(_binaries_dir() / "psql"), db_url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+         "-v", f"q={literal}", "-v", f"t={query}", "-f", "-"],
+        input="select set_config('kbpg.kb_id', kb.knowledge_base_id('ru')::text, false) \\g /dev/null\n"
+        "select chunk_id from kb.search(:'t', :'q'::vector, 3) order by rank;\n",
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert psql.returncode == 0, psql.stderr
+    assert [int(i) for i in psql.stdout.split()] == [c["chunk_id"] for c in cli["chunks"]]
+    with running_server({**env, "KBPG_KB": "ru"}, tmp_path / "serve.log") as api:
+        served_chunks = api.post("/api/v1/kb/search", json={"query": query, "top": 3}).json()[
+            "chunks"
+        ]
+        assert [(c["chunk_id"], c["score"]) for c in served_chunks] == [
+            (c["chunk_id"], c["score"]) for c in cli["chunks"]
+        ]
+
+
+def test_writing_or_dropping_one_leaves_the_other_identical(
+    two: dict[str, str], db_url: str, tmp_path: Path
+) -> None:
+    env = two
+    before = lexical(db_url, "default", "library card parking")
+    searched = ok(env, "search", "library card", "--json")
+    ok(
+        env,
+        "ingest",
+        "--kb",
+        "ru",
+        str(write(tmp_path / "more", {"card.md": "# Card\n\nlibrary card parking card\n"})),
+    )
+    assert lexical(db_url, "default", "library card parking") == before  # bit-identical scores
+    assert [s for s, _ in lexical(db_url, "ru", "library card")] == ["card.md"]
+
+    refused = run_kbpg("kb", "drop", "ru", env=env, input="n\n")
+    assert refused.returncode == 1 and "Aborted" in refused.stderr
+    assert "dropped knowledge base ru (4 documents, 4 chunks)" in ok(
+        env, "kb", "drop", "ru", "--yes"
+    )
+    assert lexical(db_url, "default", "library card parking") == before
+    assert ok(env, "search", "library card", "--json") == searched
+    gone = invoke_kbpg("search", "x", "--kb", "ru", env=env)
+    assert gone.returncode == 1 and 'no knowledge base "ru"' in gone.stderr
+    with psycopg.connect(db_url) as conn:
+        assert conn.execute("select count(*) from kb_data.chunks where kb_id <> 1").fetchone() == (
+            0,
+        )
+        assert conn.execute(
+            "select indexname from pg_indexes where indexname like 'chunks_embedding_hnsw%'"
+        ).fetchall() == [("chunks_embedding_hnsw",)]
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (("kb", "create", "Bad Name"), 'invalid knowledge base name "Bad Name"'),
+        (("kb", "create", "default"), 'knowledge base "default" exists already'),
+        (("kb", "drop", "default", "--yes"), "default cannot be dropped"),
+        (("kb", "rename", "default", "other"), "default keeps its name"),
+        (("kb", "drop", "missing", "--yes"), 'no knowledge base "missing"'),
+        (("stats", "--kb", "missing"), 'no knowledge base "missing"'),
+    ],
+)
+def test_refusals_say_why(cli_env: dict[str, str], args: tuple[str, ...], message: str) -> None:
+    done = invoke_kbpg(*args, env=cli_env)
+    assert (done.returncode, done.stdout) == (1, "")
+    assert message in done.stderr and "Hint:" in done.stderr
+
+
+def test_a_renamed_knowledge_base_keeps_its_documents(
+    cli_env: dict[str, str], tmp_path: Path
+) -> None:
+    ok(cli_env, "kb", "create", "hr")
+    ok(cli_env, "ingest", "--kb", "hr", str(write(tmp_path / "hr", ENGLISH)))
+    assert "renamed knowledge base hr to people" in ok(cli_env, "kb", "rename", "hr", "people")
+    assert sources(cli_env, "parking permit", "--kb", "people")[0] == "permits.md"
+    assert sources(cli_env, "parking permit") == []
