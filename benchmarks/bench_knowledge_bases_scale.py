@@ -92,8 +92,8 @@ def make_small(
 
 def summary(label: str, values: list[float]) -> None:
     log(
-        f"{label:<34} p50 {percentile(values, 50) * 1000:8.1f} ms   p95 "
-        f"{percentile(values, 95) * 1000:8.1f} ms   max {max(values) * 1000:8.1f} ms   (n={len(values)})"
+        f"{label:<34} p50 {percentile(values, 0.5) * 1000:8.1f} ms   p95 "
+        f"{percentile(values, 0.95) * 1000:8.1f} ms   max {max(values) * 1000:8.1f} ms   (n={len(values)})"
     )
 
 
@@ -116,6 +116,10 @@ def main() -> None:
             (dimension,) = conn.execute(
                 "select dimension from kb_data.embedding_space where kb_id = 1"
             ).fetchone() or (0,)
+            for (name,) in conn.execute(  # an interrupted run's probes
+                "select name from kb_data.knowledge_bases where name like 'probe-%'"
+            ).fetchall():
+                conn.execute("select kb.drop_knowledge_base(%s)", (name,))
             (existing,) = conn.execute(
                 "select count(*) - 1 from kb_data.knowledge_bases"
             ).fetchone() or (0,)

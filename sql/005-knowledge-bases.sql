@@ -175,7 +175,9 @@ language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-begin atomic
+-- a string body: no dependency on the tables, which kbpg db distribute creates again (and
+-- Citus plans a statement on its tables from the statement's text)
+as $$
     select k.name, l.name, e.model, e.dimension, coalesce(d.documents, 0),
            coalesce(s.chunk_count, 0), k.created_at
       from kb_data.knowledge_bases k
@@ -184,8 +186,8 @@ begin atomic
       left join kb_data.corpus_stats s on s.kb_id operator(pg_catalog.=) k.id
       left join (select kb_id, pg_catalog.count(*) as documents
                    from kb_data.documents group by kb_id) d on d.kb_id operator(pg_catalog.=) k.id
-     order by k.id;
-end;
+     order by k.id
+$$;
 comment on function kb.knowledge_bases() is
     'The knowledge bases of this database, default first: name, language, embedding model and '
     'dimension (NULL before the first vector), documents, chunks, when created.';
@@ -245,14 +247,27 @@ begin
     select (select count(*) from kb.documents) as documents, s.chunk_count as chunks
       into counted from kb.corpus_stats s;
     perform kb._drop_vector_index();
-    -- its documents first: their chunks, edges and caches go with them (foreign keys), then
-    -- every other row of the knowledge base, then its name
+    -- every row by an index: the big tables that lead no index with kb_id are reached through
+    -- their parents' keys (filter caches, chunks) or go with the documents (foreign keys:
+    -- chunks, edges, links, entities); then every other table by its kb_id-first key
+    delete from kb_data.lexical_filter_blocks b using kb_data.lexical_filter_caches f
+     where b.cache_id = f.cache_id and f.kb_id = (select kb._current_kb())
+       and b.kb_id = (select kb._current_kb());
+    delete from kb_data.lexical_filter_slots b using kb_data.lexical_filter_caches f
+     where b.cache_id = f.cache_id and f.kb_id = (select kb._current_kb())
+       and b.kb_id = (select kb._current_kb());
+    delete from kb_data.lexical_pending p using kb_data.chunks c
+     where p.chunk_id = c.id and c.kb_id = (select kb._current_kb())
+       and p.kb_id = (select kb._current_kb());
     delete from kb_data.documents where kb_id = (select kb._current_kb());
     for t in select c.relname
                from pg_catalog.pg_class c
                join pg_catalog.pg_attribute a on a.attrelid = c.oid and a.attname = 'kb_id'
               where c.relnamespace = 'kb_data'::pg_catalog.regnamespace and c.relkind in ('r', 'p')
-                and c.relname not in ('knowledge_bases', 'documents')
+                and c.relname not in ('knowledge_bases', 'documents', 'lexical_filter_blocks',
+                                      'lexical_filter_slots', 'lexical_pending')
+                and not exists (select 1 from pg_catalog.pg_constraint f
+                                 where f.conrelid = c.oid and f.contype = 'f' and f.confdeltype = 'c')
               order by c.relname
     loop
         execute format('delete from kb_data.%I where kb_id = (select kb._current_kb())', t.relname);

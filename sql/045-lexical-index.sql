@@ -296,8 +296,10 @@ begin
         delete from kb_data.lexical_filter_masks where kb_id = (select kb._current_kb());
         rebuilt_all := true;
         use_avgdl := live_avgdl;
-        select coalesce(array_agg(g order by g), '{}') into rebuild
-          from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
+        -- the blocks that hold this knowledge base's chunks (ids are numbered across every
+        -- knowledge base: a small one's are a few blocks of the whole range)
+        select coalesce(array_agg(distinct g order by g), '{}') into rebuild
+          from (select (c.id / state.block_size)::integer as g from kb.chunks c) x;
     elsif distributed then
         use_avgdl := state.avgdl;
         -- the dirty blocks first (a distributed table), then the blocks past the watermark
@@ -306,17 +308,15 @@ begin
         select coalesce(array_agg(distinct g order by g), '{}') into rebuild
           from (select unnest(rebuild) as g
                 union all
-                select pg_catalog.generate_series((state.watermark / state.block_size)::integer,
-                                                  (max_id / state.block_size)::integer)
-                 where max_id > state.watermark) x;
+                select (c.id / state.block_size)::integer from kb.chunks c
+                 where c.id > state.watermark) x;
     else
         use_avgdl := state.avgdl;
         select coalesce(array_agg(distinct g order by g), '{}') into rebuild
           from (select d.block_no as g from kb.lexical_dirty_blocks d
                 union all
-                select pg_catalog.generate_series((state.watermark / state.block_size)::integer,
-                                                  (max_id / state.block_size)::integer)
-                 where max_id > state.watermark) x;
+                select (c.id / state.block_size)::integer from kb.chunks c
+                 where c.id > state.watermark) x;
     end if;
 
     if distributed and cardinality(rebuild) > 0 then
