@@ -171,22 +171,27 @@ comment on function kb.create_knowledge_base(text, text, text, integer) is
 create or replace function kb.knowledge_bases()
 returns table (name text, language text, model text, dimension integer, documents bigint,
                chunks bigint, created_at timestamptz)
-language sql
-stable
+language plpgsql
+volatile  -- (reads only; it selects each knowledge base in turn)
 security invoker
 set search_path = pg_catalog, pg_temp
--- a string body: no dependency on the tables, which kbpg db distribute creates again (and
--- Citus plans a statement on its tables from the statement's text)
 as $$
-    select k.name, l.name, e.model, e.dimension, coalesce(d.documents, 0),
-           coalesce(s.chunk_count, 0), k.created_at
-      from kb_data.knowledge_bases k
-      left join kb_data.language l on l.kb_id operator(pg_catalog.=) k.id
-      left join kb_data.embedding_space e on e.kb_id operator(pg_catalog.=) k.id
-      left join kb_data.corpus_stats s on s.kb_id operator(pg_catalog.=) k.id
-      left join (select kb_id, pg_catalog.count(*) as documents
-                   from kb_data.documents group by kb_id) d on d.kb_id operator(pg_catalog.=) k.id
-     order by k.id
+declare
+    caller_kb constant text := pg_catalog.current_setting('kbpg.kb_id', true);
+    k record;
+begin
+    -- each one through the views, as a search in it reads them: the same on a distributed
+    -- database, whose statistics are views over the shards' (kbpg db distribute)
+    for k in select b.id, b.name, b.created_at from kb_data.knowledge_bases b order by b.id loop
+        perform pg_catalog.set_config('kbpg.kb_id', k.id::text, true);
+        return query
+        select k.name, (select l.name from kb.language l), e.model, e.dimension,
+               (select pg_catalog.count(*) from kb.documents),
+               coalesce((select s.chunk_count from kb.corpus_stats s), 0), k.created_at
+          from (select 1) one left join kb.embedding_space e on true;
+    end loop;
+    perform pg_catalog.set_config('kbpg.kb_id', coalesce(caller_kb, ''), true);
+end
 $$;
 comment on function kb.knowledge_bases() is
     'The knowledge bases of this database, default first: name, language, embedding model and '

@@ -23,7 +23,7 @@ depends_on = None
 
 
 def _text_search_trigger(language: str) -> str:
-    """Revision 0012's trigger function, with `language` the expression naming the row's."""
+    """Revision 0012's trigger function, with `language` the statements setting the row's."""
     return (
         r"""
 create or replace function kb._chunks_text_search_language() returns trigger
@@ -42,9 +42,9 @@ begin
        and new.token_count is not distinct from old.token_count then
         return new;  -- e.g. a new embedding: the text, and so its tsvector, is unchanged
     end if;
-    language := """
+    """
         + language
-        + r""";
+        + r"""
     config := case when language <> 'cjk' then language::regconfig end;
     if config is null then
         new.tsv := pg_catalog.setweight(kb._cjk_tsvector(new.section), 'A')
@@ -71,10 +71,15 @@ create index if not exists chunks_kb_id_id on kb_data.chunks (kb_id, id);
 
 # default's language is the trigger's argument (kept by kb.set_language); another knowledge
 # base's is its row of kb_data.language
+# (two statements: PL/pgSQL plans each when it first runs, so a Citus worker, which has no
+# kb_data.language, never plans the lookup for default's rows)
 UPGRADE = CHUNKS_BY_KNOWLEDGE_BASE + _text_search_trigger(
-    "case when new.kb_id operator(pg_catalog.=) 1 then tg_argv[0]\n"
-    "                else (select l.name from kb_data.language l\n"
-    "                       where l.kb_id operator(pg_catalog.=) new.kb_id) end"
+    "if new.kb_id operator(pg_catalog.=) 1 then\n"
+    "        language := tg_argv[0];\n"
+    "    else\n"
+    "        select l.name into language from kb_data.language l\n"
+    "         where l.kb_id operator(pg_catalog.=) new.kb_id;\n"
+    "    end if;"
 )
 DOWNGRADE = r"""
 do $$
@@ -86,7 +91,7 @@ begin
 end
 $$;
 drop index if exists kb_data.chunks_kb_id_id;
-""" + _text_search_trigger("tg_argv[0]")
+""" + _text_search_trigger("language := tg_argv[0];")
 
 
 def _run(statements: str) -> None:
