@@ -124,6 +124,28 @@ comment on function kb._build_vector_index(text, text, integer) is
     'dimension: on the whole of kb_data.chunks while default is its only knowledge base, partial '
     '(where kb_id = <id>) otherwise. Internal.';
 
+create or replace function kb._wants_vector_index()
+returns boolean
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    -- default always has its HNSW (as every database had). Another knowledge base from 2,000
+    -- chunks on: below, the vector arm's exact path (its rows by (kb_id, id), sorted by
+    -- distance) is exact and fast, while an index per small knowledge base costs every
+    -- statement on kb_data.chunks its planning (the planner opens each of the table's
+    -- indexes: 1,000 of them added ~80 ms to a search; docs/knowledge-bases-design.md)
+    return kb._current_kb() = 1
+        or coalesce((select s.chunk_count from kb.corpus_stats s), 0) >= 2000;
+end
+$$;
+comment on function kb._wants_vector_index() is
+    'Whether the current knowledge base should have an HNSW index: default always, another '
+    'from 2,000 chunks (kbpg builds it after the ingest that gets it there; '
+    'kb.set_embedding_layout builds one at any size). Internal.';
+
 create or replace function kb._drop_vector_index()
 returns void
 language plpgsql
@@ -290,7 +312,7 @@ begin
     end if;
     insert into kb_data.embedding_space (model, dimension, layout, languages)
     values (model_name, vector_dimension, chosen, kb._model_languages(model_languages));
-    if kb._vector_index(kb._current_kb()) is null then
+    if kb._vector_index(kb._current_kb()) is null and kb._wants_vector_index() then
         perform kb._build_vector_index(kb._vector_index_name(kb._current_kb()), chosen, vector_dimension);
     end if;
 end

@@ -285,12 +285,14 @@ def ensure_index(
     progress: ProgressCallback | None = None,
     begin: Begin | None = None,
 ) -> bool:
-    """Build the HNSW index when the space has none (a deferred or interrupted load) and this
-    role may (it owns kb.chunks: see defer_index); True if built."""
+    """Build the HNSW index when the space has none (a deferred or interrupted load, or a
+    knowledge base grown to kb._wants_vector_index's size) and this role may (it owns
+    kb.chunks: see defer_index); True if built."""
     with (begin or conn.transaction)():
         missing = (
             not index_present(conn)
             and conn.execute(queries.HAS_EMBEDDING_SPACE).fetchone() is not None
+            and conn.execute(queries.WANTS_VECTOR_INDEX).fetchone() == (True,)
             and may_rebuild_index(conn)
         )
     if missing:

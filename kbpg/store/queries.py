@@ -448,6 +448,7 @@ MAY_REBUILD_VECTOR_INDEX: Final = (
     " where c.oid = 'kb_data.chunks'::pg_catalog.regclass"
 )
 HAS_EMBEDDING_SPACE: Final = "select 1 from kb.embedding_space"
+WANTS_VECTOR_INDEX: Final = "select kb._wants_vector_index()"
 
 
 # -- readiness ------------------------------------------------------------------------------

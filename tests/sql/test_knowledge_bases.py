@@ -118,8 +118,9 @@ def random_chunks(
 
 def test_each_knowledge_base_has_its_own_vector_index_in_its_own_dimension(db_url: str) -> None:
     """Default's HNSW covers the table while default is alone; the second knowledge base
-    limits it to default's rows (same layout and parameters) and gets a partial index of its
-    own, in another dimension; each search scans its own index and finds its exact top 5."""
+    limits it to default's rows (same layout and parameters). The second one searches exactly
+    without an index while small, and with a partial index of its own, in its own dimension,
+    once it has one; each search scans its own index and finds its exact top 5."""
     with psycopg.connect(db_url) as conn:
         conn.execute("select kb.set_embedding_space('model-3', 3)")
         default_vectors, default_ids = random_chunks(conn, 3, seed=1)
@@ -139,6 +140,11 @@ def test_each_knowledge_base_has_its_own_vector_index_in_its_own_dimension(db_ur
         conn.execute("select kb.set_embedding_space('model-5', 5, 'vector')")
         other_vectors, other_ids = random_chunks(conn, 5, seed=2)
         own = f"chunks_embedding_hnsw_{other}"
+        # 60 chunks: no index of its own (kb._wants_vector_index, from 2,000), the exact path
+        query = np.array([0.3, -1.0, 0.2, 0.5, 0.1])
+        assert own not in index_definitions(conn)
+        assert vector_ranked(conn, query) == exact_top(other_vectors, other_ids, query, 5)
+        conn.execute("select kb.set_embedding_layout('vector')")  # one at any size, when asked
         assert index_definitions(conn)[own] == (
             f"CREATE INDEX {own} ON kb_data.chunks USING hnsw (((embedding)::vector(5))"
             f" vector_cosine_ops) WITH (m='16', ef_construction='128') WHERE (kb_id = {other})"
@@ -147,7 +153,6 @@ def test_each_knowledge_base_has_its_own_vector_index_in_its_own_dimension(db_ur
 
         conn.execute("select set_config('kb.vector_exact_limit', '0', true)")  # the HNSW path
         conn.execute("select set_config('enable_seqscan', 'off', true)")
-        query = np.array([0.3, -1.0, 0.2, 0.5, 0.1])
         assert vector_ranked(conn, query) == exact_top(other_vectors, other_ids, query, 5)
         assert (index_scans(conn, own), index_scans(conn, "chunks_embedding_hnsw")) == (1, 0)
         with raises_sqlstate(conn, "KB001"):
