@@ -133,10 +133,9 @@ set search_path = pg_catalog, pg_temp
 as $$
 begin
     -- default always has its HNSW (as every database had). Another knowledge base from 2,000
-    -- chunks on: below, the vector arm's exact path (its rows by (kb_id, id), sorted by
-    -- distance) is exact and fast, while an index per small knowledge base costs every
-    -- statement on kb_data.chunks its planning (the planner opens each of the table's
-    -- indexes: 1,000 of them added ~80 ms to a search; docs/knowledge-bases-design.md)
+    -- chunks on: below, the vector arm's exact path (its rows sorted by distance) is exact,
+    -- while each partial index costs a scan of the whole shared table to build and a relation
+    -- every statement on kb_data.chunks plans with (docs/knowledge-bases-design.md)
     return kb._current_kb() = 1
         or coalesce((select s.chunk_count from kb.corpus_stats s), 0) >= 2000;
 end

@@ -8,8 +8,6 @@ Issue 39 (docs/knowledge-bases-design.md). The chunk trigger of revision 0012 ca
 language as its argument (no lookup per row). It stays default's; a row of another knowledge
 base reads its language from kb_data.language (one index probe per row written). A language
 change locks the writers of kb_data.chunks either way, so no writer analyses in a stale one.
-And kb_data.chunks gets an index on (kb_id, id): a small knowledge base's chunks are read
-without scanning every other one's.
 """
 
 from __future__ import annotations
@@ -63,17 +61,11 @@ $$;
     )
 
 
-# a knowledge base's chunks by an index: reading a small one (its exact vector path, its
-# statistics, a refresh from its watermark, a drop) must not scan every other one's
-CHUNKS_BY_KNOWLEDGE_BASE = """
-create index if not exists chunks_kb_id_id on kb_data.chunks (kb_id, id);
-"""
-
 # default's language is the trigger's argument (kept by kb.set_language); another knowledge
 # base's is its row of kb_data.language
 # (two statements: PL/pgSQL plans each when it first runs, so a Citus worker, which has no
 # kb_data.language, never plans the lookup for default's rows)
-UPGRADE = CHUNKS_BY_KNOWLEDGE_BASE + _text_search_trigger(
+UPGRADE = _text_search_trigger(
     "if new.kb_id operator(pg_catalog.=) 1 then\n"
     "        language := tg_argv[0];\n"
     "    else\n"
@@ -90,7 +82,6 @@ begin
     end if;
 end
 $$;
-drop index if exists kb_data.chunks_kb_id_id;
 """ + _text_search_trigger("language := tg_argv[0];")
 
 
