@@ -286,7 +286,10 @@ begin
         select s.chunk_count, s.total_tokens::float8 / greatest(s.chunk_count, 1)
           into n_chunks, live_avgdl from kb.corpus_stats s;
     end if;
-    select coalesce(max(c.id), 0) into max_id from kb.chunks c;
+    -- the newest id of every knowledge base's (ids are shared; writers wait, above): the
+    -- watermark covers this one's chunks up to it, so a search's "anything past the watermark?"
+    -- reads only chunks written since this refresh, not every other knowledge base's newer ones
+    select coalesce(max(c.id), 0) into max_id from kb_data.chunks c;
     live_avgdl := greatest(live_avgdl, 1e-9);
 
     if full_rebuild or state.watermark = 0 or state.split_by_groups <> split or truncated
@@ -382,8 +385,8 @@ begin
         mask_blocks := rebuild;
         if not state.filter_masks then
             delete from kb_data.lexical_filter_masks where kb_id = (select kb._current_kb());
-            select coalesce(array_agg(g order by g), '{}') into mask_blocks
-              from pg_catalog.generate_series(0, (max_id / state.block_size)::integer) as g;
+            select coalesce(array_agg(distinct g order by g), '{}') into mask_blocks
+              from (select (c.id / state.block_size)::integer as g from kb.chunks c) x;
         end if;
         foreach b in array mask_blocks loop
             perform kb._refresh_filter_masks(b, state.block_size);
