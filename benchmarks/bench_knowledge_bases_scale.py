@@ -3,13 +3,13 @@
 Takes a corpus kept by bench_search.py --keep (its `bench` database: the big knowledge base,
 `default`) and fills it with MANY small knowledge bases of 100-250 chunks (log-uniform), each a
 sample of the big one's chunks (their text and vectors: realistic lexemes and neighbours), each
-with its own embedding space and partial HNSW index. It prints
+with its own embedding space (no HNSW of its own below 2,000 chunks). It prints
 
 - the first creation (default's HNSW built again limited to its rows, once),
 - the time to create, fill (chunks, statistics, impact cache) and drop a small knowledge base,
   p50 / p95 / max over the last ones made, and to create-and-drop an empty one,
 - `kbpg db upgrade`'s time with MANY + 1 knowledge bases (sql/ applied again),
-- the catalog's growth (relations, bytes) from one index per knowledge base.
+- the growth of schema kb_data (relations, bytes).
 
 The search gate (a search in the big one within 1.2x of the same corpus alone) is
 bench_schema_pair.py on two copies of the corpus, one filled here:

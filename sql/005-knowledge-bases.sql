@@ -59,10 +59,7 @@ as $$
 declare
     made integer;
 begin
-    if exists (select 1 from kb_data.knowledge_bases k where k.name operator(pg_catalog.=) kb_name) then
-        raise exception 'knowledge base "%" exists already', kb_name
-            using errcode = '42710', hint = 'pick another name';
-    end if;
+    perform kb._check_knowledge_base_name(kb_name);
     insert into kb_data.knowledge_bases (name) values (kb_name) returning id into made;
     -- before the new knowledge base stores a vector: default's index, whole while default was
     -- alone, would take the new rows into its graph (or fail them: another dimension)
@@ -112,7 +109,7 @@ comment on function kb.knowledge_base_id(text) is
 create or replace function kb._check_knowledge_base_name(kb_name text)
 returns void
 language plpgsql
-immutable
+stable
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
@@ -122,10 +119,15 @@ begin
             using errcode = '22023',
                   hint = 'lower-case letters, digits, ".", "_" and "-", starting with a letter or a digit, at most 63';
     end if;
+    if exists (select 1 from kb_data.knowledge_bases k where k.name operator(pg_catalog.=) kb_name) then
+        raise exception 'knowledge base "%" exists already', kb_name
+            using errcode = '42710', hint = 'pick another name';
+    end if;
 end
 $$;
 comment on function kb._check_knowledge_base_name(text) is
-    'Raise 22023 unless the name is one kb_data.knowledge_bases accepts. Internal.';
+    'Raise 22023 unless the name is one kb_data.knowledge_bases accepts, 42710 when a knowledge '
+    'base has it already: a name for a new one, or a renamed one. Internal.';
 
 create or replace function kb.create_knowledge_base(
     kb_name text,
@@ -143,7 +145,6 @@ declare
     made integer;
     caller_kb constant text := pg_catalog.current_setting('kbpg.kb_id', true);
 begin
-    perform kb._check_knowledge_base_name(kb_name);
     if (model_name is null) <> (vector_dimension is null) then
         raise exception 'give the model and its dimension together, or neither'
             using errcode = '22023', hint = 'without them the first ingest records its model';
@@ -168,30 +169,43 @@ comment on function kb.create_knowledge_base(text, text, text, integer) is
     'one beside default limits default''s HNSW index to default''s rows (built again: minutes at '
     'a million chunks; kbpg kb create builds it concurrently first).';
 
-create or replace function kb.knowledge_bases()
+create or replace function kb._knowledge_base_row(knowledge_base integer)
 returns table (name text, language text, model text, dimension integer, documents bigint,
                chunks bigint, created_at timestamptz)
 language plpgsql
-volatile  -- (reads only; it selects each knowledge base in turn)
+volatile  -- (reads only; it selects the knowledge base for its statement)
 security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
     caller_kb constant text := pg_catalog.current_setting('kbpg.kb_id', true);
-    k record;
 begin
-    -- each one through the views, as a search in it reads them: the same on a distributed
-    -- database, whose statistics are views over the shards' (kbpg db distribute)
-    for k in select b.id, b.name, b.created_at from kb_data.knowledge_bases b order by b.id loop
-        perform pg_catalog.set_config('kbpg.kb_id', k.id::text, true);
-        return query
-        select k.name, (select l.name from kb.language l), e.model, e.dimension,
-               (select pg_catalog.count(*) from kb.documents),
-               coalesce((select s.chunk_count from kb.corpus_stats s), 0), k.created_at
-          from (select 1) one left join kb.embedding_space e on true;
-    end loop;
+    -- through the views, as a search in it reads them: the same on a distributed database,
+    -- whose statistics are views over the shards' (kbpg db distribute)
+    perform pg_catalog.set_config('kbpg.kb_id', knowledge_base::text, true);
+    return query
+    select k.name, (select l.name from kb.language l), e.model, e.dimension,
+           (select pg_catalog.count(*) from kb.documents),
+           coalesce((select s.chunk_count from kb.corpus_stats s), 0), k.created_at
+      from kb_data.knowledge_bases k left join kb.embedding_space e on true
+     where k.id = knowledge_base;
     perform pg_catalog.set_config('kbpg.kb_id', coalesce(caller_kb, ''), true);
 end
+$$;
+comment on function kb._knowledge_base_row(integer) is
+    'One row of kb.knowledge_bases(), of the knowledge base with this id. Internal.';
+
+create or replace function kb.knowledge_bases()
+returns table (name text, language text, model text, dimension integer, documents bigint,
+               chunks bigint, created_at timestamptz)
+language sql
+volatile  -- (reads only; kb._knowledge_base_row selects each knowledge base in turn)
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+    select r.* from kb_data.knowledge_bases b
+     cross join lateral kb._knowledge_base_row(b.id) r
+     order by b.id
 $$;
 comment on function kb.knowledge_bases() is
     'The knowledge bases of this database, default first: name, language, embedding model and '
@@ -212,10 +226,6 @@ begin
         raise exception 'the knowledge base default keeps its name'
             using errcode = '55000',
                   hint = 'every connection without a knowledge base named (no --kb, no KBPG_KB) uses it by that name';
-    end if;
-    if exists (select 1 from kb_data.knowledge_bases k where k.name = new_name) then
-        raise exception 'knowledge base "%" exists already', new_name
-            using errcode = '42710', hint = 'pick another name';
     end if;
     update kb_data.knowledge_bases set name = new_name where id = renamed;
 end

@@ -22,6 +22,7 @@ from kbpg.errors import (
     first_line,
     from_psycopg,
 )
+from kbpg.store import queries
 from kbpg.store.language import change_language
 
 VERSION_TABLE = "kbpg_alembic_version"
@@ -99,7 +100,7 @@ def in_knowledge_base(url: str, kb_id: int) -> str:
 def knowledge_base_id(conn: psycopg.Connection[Any], name: str) -> int:
     """The id of the knowledge base `name` (NotFound, with a hint, when there is none)."""
     with translate_errors():
-        row = conn.execute("select kb.knowledge_base_id(%s)", (name,)).fetchone()
+        row = conn.execute(queries.KNOWLEDGE_BASE_ID, (name,)).fetchone()
     assert row is not None
     return int(row[0])
 

@@ -64,8 +64,11 @@ def create(
                 for setting in settings:
                     conn.execute(queries.RESET_SESSION, (setting,))
         with db.transaction(conn, write=True):
-            conn.execute(queries.CREATE_KNOWLEDGE_BASE, (name, language, model, dimension))
-            created = conn.execute(queries.KNOWLEDGE_BASE, (name,)).fetchone()
+            row = conn.execute(
+                queries.CREATE_KNOWLEDGE_BASE, (name, language, model, dimension)
+            ).fetchone()
+            assert row is not None
+            created = conn.execute(queries.KNOWLEDGE_BASE, (row[0],)).fetchone()
     assert created is not None
     return KnowledgeBaseInfo(*created)
 

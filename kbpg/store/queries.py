@@ -585,7 +585,11 @@ KNOWLEDGE_BASES: Final = (
     "select name, language, model, dimension, documents, chunks, created_at"
     " from kb.knowledge_bases()"
 )
-KNOWLEDGE_BASE: Final = KNOWLEDGE_BASES + " where name = %s"
+KNOWLEDGE_BASE: Final = (
+    "select name, language, model, dimension, documents, chunks, created_at"
+    " from kb._knowledge_base_row(%s)"
+)
+KNOWLEDGE_BASE_ID: Final = "select kb.knowledge_base_id(%s)"
 CHECK_KNOWLEDGE_BASE_NAME: Final = "select kb._check_knowledge_base_name(%s)"
 CREATE_KNOWLEDGE_BASE: Final = "select kb.create_knowledge_base(%s, %s, %s, %s)"
 RENAME_KNOWLEDGE_BASE: Final = "select kb.rename_knowledge_base(%s, %s)"
