@@ -93,7 +93,8 @@ declare
     found_id integer;
 begin
     select k.id into found_id from kb_data.knowledge_bases k where k.name = kb_name;
-    if found_id is null then
+    -- one the caller may not read is one it does not know of (readers may call this)
+    if found_id is null or not kb._access_admits(found_id, kb._access_caller()) then
         raise exception 'no knowledge base "%"', coalesce(kb_name, 'NULL')
             using errcode = 'KB011',
                   hint = 'kbpg kb list (select * from kb.knowledge_bases()) names them; kbpg kb create makes one';
@@ -102,7 +103,8 @@ begin
 end
 $$;
 comment on function kb.knowledge_base_id(text) is
-    'The id of the knowledge base of this name (SQLSTATE KB011 when there is none): '
+    'The id of the knowledge base of this name (SQLSTATE KB011 when there is none, or the '
+    'caller may not read it): '
     'select set_config(''kbpg.kb_id'', kb.knowledge_base_id(''hr'')::text, true) makes it the '
     'current one for the transaction, as kbpg''s own connections do.';
 
@@ -171,7 +173,7 @@ comment on function kb.create_knowledge_base(text, text, text, integer) is
 
 create or replace function kb._knowledge_base_row(knowledge_base integer)
 returns table (name text, language text, model text, dimension integer, documents bigint,
-               chunks bigint, created_at timestamptz)
+               chunks bigint, readers text, created_at timestamptz)
 language plpgsql
 volatile  -- (reads only; it selects the knowledge base for its statement)
 security invoker
@@ -186,7 +188,7 @@ begin
     return query
     select k.name, (select l.name from kb.language l), e.model, e.dimension,
            (select pg_catalog.count(*) from kb.documents),
-           coalesce((select s.chunk_count from kb.corpus_stats s), 0), k.created_at
+           coalesce((select s.chunk_count from kb.corpus_stats s), 0), k.readers, k.created_at
       from kb_data.knowledge_bases k left join kb.embedding_space e on true
      where k.id = knowledge_base;
     perform pg_catalog.set_config('kbpg.kb_id', coalesce(caller_kb, ''), true);
@@ -197,7 +199,7 @@ comment on function kb._knowledge_base_row(integer) is
 
 create or replace function kb.knowledge_bases()
 returns table (name text, language text, model text, dimension integer, documents bigint,
-               chunks bigint, created_at timestamptz)
+               chunks bigint, readers text, created_at timestamptz)
 language sql
 volatile  -- (reads only; kb._knowledge_base_row selects each knowledge base in turn)
 security invoker
@@ -209,7 +211,34 @@ as $$
 $$;
 comment on function kb.knowledge_bases() is
     'The knowledge bases of this database, default first: name, language, embedding model and '
-    'dimension (NULL before the first vector), documents, chunks, when created.';
+    'dimension (NULL before the first vector), documents, chunks, which readers may read it '
+    '(all, or granted: those with a group grant in it; kb.set_knowledge_base_readers), when '
+    'created.';
+
+create or replace function kb.set_knowledge_base_readers(kb_name text, readers text)
+returns void
+language plpgsql
+volatile
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    changed constant integer := kb.knowledge_base_id(kb_name);
+begin
+    if readers is null or readers not in ('all', 'granted') then
+        raise exception 'readers must be all or granted, not "%"', coalesce(readers, 'NULL')
+            using errcode = '22023',
+                  hint = 'all: every reader role reads its chunks without groups; granted: only roles with a group grant in it';
+    end if;
+    update kb_data.knowledge_bases k set readers = set_knowledge_base_readers.readers
+     where k.id = changed;
+end
+$$;
+comment on function kb.set_knowledge_base_readers(text, text) is
+    'Which reader roles may read a knowledge base once access control is enforced: ''all'' '
+    '(each reads its chunks without groups and those of its groups; default''s way, as before '
+    'knowledge bases) or ''granted'' (only roles with a group grant in it, kb.grant_groups; '
+    'every other role is told it does not exist). New knowledge bases start ''granted''.';
 
 create or replace function kb.rename_knowledge_base(kb_name text, new_name text)
 returns void

@@ -30,7 +30,17 @@ comment on function kb._access_caller() is
     'The role the calling session acts as (SET ROLE''s, else the login role), also inside a '
     'SECURITY DEFINER function, where current_user is the function''s owner.';
 
-create or replace function kb._access_reads_all_as(caller oid)
+create or replace function kb._access_enforced()
+returns boolean
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb_data.chunks'::regclass $$;
+comment on function kb._access_enforced() is
+    'True while row-level security is on for kb.chunks (kb.access_enable()).';
+
+create or replace function kb._access_reads_all_in(knowledge_base integer, caller oid)
 returns boolean
 language sql
 stable
@@ -43,12 +53,26 @@ as $$ select coalesce((select r.rolsuper or r.rolbypassrls from pg_catalog.pg_ro
     or coalesce(pg_catalog.pg_has_role(caller, (select c.relowner from pg_catalog.pg_class c
                                                  where c.oid = pg_catalog.to_regclass('kb_data.chunks')),
                                        'USAGE'), false)
-    -- the writer role by its OID: a role dropped and re-created under its name is not it
+    -- the knowledge base's writer role by its OID: a role dropped and re-created under its
+    -- name is not it
     or coalesce((select pg_catalog.pg_has_role(caller, r.oid, 'USAGE')
-                   from kb.access_settings s join pg_catalog.pg_roles r on r.oid = s.writer_oid), false) $$;
+                   from kb_data.access_settings s join pg_catalog.pg_roles r on r.oid = s.writer_oid
+                  where s.kb_id = knowledge_base), false) $$;
+comment on function kb._access_reads_all_in(integer, oid) is
+    'True when the role reads every group of the knowledge base with this id: a superuser, a '
+    'role with BYPASSRLS, the kb tables'' owner or a role that may use it, or a role that may '
+    'use the knowledge base''s writer role.';
+
+create or replace function kb._access_reads_all_as(caller oid)
+returns boolean
+language sql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$ select kb._access_reads_all_in(kb._current_kb(), caller) $$;
 comment on function kb._access_reads_all_as(oid) is
-    'True when the role reads every group: a superuser, a role with BYPASSRLS, the kb tables'' '
-    'owner or a role that may use it, or a role that may use the writer role.';
+    'True when the role reads every group of the current knowledge base '
+    '(kb._access_reads_all_in).';
 
 create or replace function kb._access_groups_of(caller oid)
 returns text[]
@@ -65,21 +89,59 @@ as $$ select (select coalesce(pg_catalog.array_agg(distinct g.group_name order b
 comment on function kb._access_groups_of(oid) is
     'The groups granted to the role or to any role it may use (pg_has_role ''USAGE'').';
 
-create or replace function kb._access_visibility()
-returns text[]
+create or replace function kb._access_admits(knowledge_base integer, caller oid)
+returns boolean
 language sql
 stable
 security invoker
 set search_path = pg_catalog, pg_temp
-return case when not (select c.relrowsecurity from pg_catalog.pg_class c
-                       where c.oid = pg_catalog.to_regclass('kb_data.chunks'))
-                 or kb._access_reads_all_as(kb._access_caller())
-            then null
-            else kb._access_groups_of(kb._access_caller()) end;
+as $$ select coalesce((
+    select k.readers = 'all'
+        -- access control off: every role reads everything (as kb._access_visibility says)
+        or not kb._access_enforced()
+        or kb._access_reads_all_in(k.id, caller)
+        -- a grant in it, to the role or to a role it may use (by OID, as kb._access_groups_of)
+        or exists (select 1 from kb_data.access_grants g
+                    where g.kb_id = k.id
+                      and coalesce(pg_catalog.pg_has_role(caller, g.role_id, 'USAGE'), false))
+      from kb_data.knowledge_bases k where k.id = knowledge_base), false) $$;
+comment on function kb._access_admits(integer, oid) is
+    'Whether the role may read the knowledge base with this id at all: it exists, and access '
+    'control is off, or every reader reads it (readers ''all'': default''s way), or the role '
+    'reads all of it, or it holds a group grant in it (directly or through a role it may use). '
+    'False for a knowledge base that does not exist: a hidden one looks the same.';
+
+create or replace function kb._access_visibility()
+returns text[]
+language plpgsql
+stable
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+declare
+    caller constant oid := kb._access_caller();
+    current_kb constant integer := kb._current_kb();
+begin
+    -- the current knowledge base comes from a setting anyone may SET (kbpg.kb_id): every
+    -- function a reader calls starts here, so one it may not read is refused, and told apart
+    -- from none
+    if not kb._access_admits(current_kb, caller) then
+        raise exception 'no knowledge base with id %', current_kb
+            using errcode = 'KB011',
+                  hint = 'kb.knowledge_base_id(name) gives the id of a knowledge base this role may read';
+    end if;
+    if not kb._access_enforced() or kb._access_reads_all_in(current_kb, caller) then
+        return null;
+    end if;
+    return kb._access_groups_of(caller);
+end
+$$;
 comment on function kb._access_visibility() is
-    'What the caller may read: NULL for every chunk (access control off, or a caller that '
-    'reads all), else its groups: it reads chunks without groups and chunks sharing one of '
-    'them. Every function a reader calls passes this to the arms.';
+    'What the caller may read of the current knowledge base: NULL for every chunk (access '
+    'control off, or a caller that reads all), else its groups: it reads chunks without groups '
+    'and chunks sharing one of them. SQLSTATE KB011 when the caller may not read the knowledge '
+    'base at all (kb._access_admits), or it does not exist. Every function a reader calls '
+    'passes this to the arms.';
 
 create or replace function kb._tuning(setting_name text, low bigint, high bigint)
 returns bigint

@@ -332,8 +332,10 @@ set search_path = pg_catalog, pg_temp
 set client_min_messages = notice
 as $$
 declare
-    chosen text := coalesce((select l.name from kb.language l), 'english');
+    chosen text;
 begin
+    perform kb._access_visibility();  -- (a knowledge base the caller may not read: KB011)
+    chosen := coalesce((select l.name from kb.language l), 'english');
     return query
     select e.model, e.languages, chosen, kb._language_is_english(chosen), kb._default_vector_weight()
       from (select 1) one

@@ -95,6 +95,7 @@ declare
     stop_at integer;
     boundary integer;
 begin
+    perform kb._access_visibility();  -- (a knowledge base the caller may not read: KB011)
     if snippet_length is null or snippet_length not between 20 and 10000 then
         raise exception 'snippet_length must be between 20 and 10000, got %',
                 coalesce(snippet_length::text, 'NULL')

@@ -136,17 +136,20 @@ comment on function kb.get_chunk(bigint) is
 
 create or replace function kb.get_embedding_space()
 returns table (model text, dimension integer, layout text, indexed boolean)
-language sql
+language plpgsql
 stable
 security definer
 set search_path = pg_catalog, pg_temp
 set client_min_messages = notice
--- a string body: Citus runs a statement on its tables from the statement's text, which a
--- SQL-standard body does not have ("syntax error at or near RETURN"; docs/scaling.md section 5)
 as $$
+begin
+    -- (a knowledge base the caller may not read: KB011)
+    perform kb._access_visibility();
+    return query
     select e.model, e.dimension, e.layout,
            kb._vector_index(kb._current_kb()) is not null
-      from kb.embedding_space e
+      from kb.embedding_space e;
+end
 $$;
 comment on function kb.get_embedding_space() is
     'The model and dimension of the knowledge base''s vectors, the vector index''s layout and '

@@ -36,16 +36,6 @@ comment on function kb._access_tables() is
     'The tables a reader can reach that hold per-chunk data: row-level security goes on and off '
     'on all of them together.';
 
-create or replace function kb._access_enforced()
-returns boolean
-language sql
-stable
-security invoker
-set search_path = pg_catalog, pg_temp
-as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb_data.chunks'::regclass $$;
-comment on function kb._access_enforced() is
-    'True while row-level security is on for kb.chunks (kb.access_enable()).';
-
 create or replace function kb._access_reader_api()
 returns regprocedure[]
 language sql
@@ -328,6 +318,7 @@ declare
                                                      where c.oid = 'kb_data.access_grants'::pg_catalog.regclass),
                                            'USAGE'), false);
 begin
+    perform kb._access_visibility();  -- (a knowledge base the caller may not read: KB011)
     if not pg_catalog.current_setting('transaction_read_only')::boolean then
         perform kb._access_grants_prune();
     end if;
@@ -358,12 +349,16 @@ returns table (
     visible_groups text[],
     reads_all boolean
 )
-language sql
+language plpgsql
 stable
 security definer
 set search_path = pg_catalog, pg_temp
 set client_min_messages = notice
 as $$
+#variable_conflict use_column
+begin
+    perform kb._access_visibility();  -- (a knowledge base the caller may not read: KB011)
+    return query
     select kb._access_enforced(),
            (select pg_catalog.count(*) filter (where c.relrowsecurity)::integer
               from pg_catalog.pg_class c where c.oid = any (kb._access_tables())),
@@ -373,7 +368,8 @@ as $$
            (select l.split_by_groups from kb.lexical_state l),
            kb._access_groups_of(kb._access_caller()),
            kb._access_reads_all_as(kb._access_caller())
-      from kb.access_settings s
+      from kb.access_settings s;
+end
 $$;
 comment on function kb.access_status() is
     'Whether access control is enforced (and on how many of its tables), the reader and writer '

@@ -8,6 +8,8 @@ import click
 
 from kbpg.cli.common import AppContext, handle_errors, json_option, pass_app, print_rows
 
+READERS = ("granted", "all")
+
 
 @click.group("kb")
 def knowledge_bases() -> None:
@@ -32,11 +34,24 @@ def knowledge_bases() -> None:
     metavar="NAME",
     help="Record this embedding model now (default: the first ingest's).",
 )
+@click.option(
+    "--readers",
+    type=click.Choice(READERS),
+    default="granted",
+    show_default=True,
+    help="Which reader roles read it once access control is enforced: those granted a group in "
+    "it, or all (each reads its chunks without groups).",
+)
 @json_option
 @pass_app
 @handle_errors
 def kb_create(
-    app: AppContext, name: str, language: str | None, embedder_name: str | None, as_json: bool
+    app: AppContext,
+    name: str,
+    language: str | None,
+    embedder_name: str | None,
+    readers: str,
+    as_json: bool,
 ) -> None:
     """Create the knowledge base NAME, empty.
 
@@ -51,7 +66,9 @@ def kb_create(
         embedder = get_embedder(app.settings, embedder_name)
         model, dimension = embedder.model_name, embedder.dimension
     with app.knowledge_base() as kb:
-        created = kbs.create(kb.db, name, language=language, model=model, dimension=dimension)
+        created = kbs.create(
+            kb.db, name, language=language, model=model, dimension=dimension, readers=readers
+        )
     if as_json:
         click.echo(json.dumps(created.as_dict(), indent=2))
         return
@@ -61,7 +78,7 @@ def kb_create(
 
 
 _COLUMNS = (
-    ["name", "language", "model", "dimension", "documents", "chunks"],
+    ["name", "language", "model", "dimension", "documents", "chunks", "readers"],
     lambda k: [
         k.name,
         k.language or "",
@@ -69,6 +86,7 @@ _COLUMNS = (
         str(k.dimension or ""),
         str(k.documents),
         str(k.chunks),
+        k.readers,
     ],
 )
 
@@ -98,6 +116,26 @@ def kb_rename(app: AppContext, name: str, new_name: str) -> None:
     with app.knowledge_base() as kb:
         kbs.rename(kb.db, name, new_name)
     click.echo(f"renamed knowledge base {name} to {new_name}")
+
+
+@knowledge_bases.command("readers")
+@click.argument("name")
+@click.argument("readers", type=click.Choice(READERS))
+@pass_app
+@handle_errors
+def kb_readers(app: AppContext, name: str, readers: str) -> None:
+    """Which reader roles may read the knowledge base NAME once access control is enforced.
+
+    granted: only roles holding a group grant in it (`kbpg access grant ROLE GROUP --kb NAME`);
+    to every other reader it does not exist. all: every reader role reads its chunks without
+    groups, and those of its groups there (default's way, and that of every knowledge base an
+    upgrade to 0031 found). With access control off, every role reads everything.
+    """
+    from kbpg.store import knowledge_bases as kbs
+
+    with app.knowledge_base() as kb:
+        kbs.set_readers(kb.db, name, readers)
+    click.echo(f"knowledge base {name}: readers {readers}")
 
 
 @knowledge_bases.command("drop")

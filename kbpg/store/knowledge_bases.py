@@ -23,6 +23,7 @@ class KnowledgeBaseInfo:
     dimension: int | None
     documents: int
     chunks: int
+    readers: str  # "all", or "granted": only roles with a group grant in it (enforced access)
     created_at: datetime | None = None
 
     def as_dict(self) -> dict[str, Any]:
@@ -44,10 +45,12 @@ def create(
     language: str | None = None,
     model: str | None = None,
     dimension: int | None = None,
+    readers: str | None = None,
 ) -> KnowledgeBaseInfo:
     """A new, empty knowledge base. The first one beside default limits default's HNSW index
     to default's rows: built here first, concurrently (default's searches and writes go on; at
-    a million chunks it takes minutes), then swapped in by kb.create_knowledge_base."""
+    a million chunks it takes minutes), then swapped in by kb.create_knowledge_base. `readers`:
+    "all" or "granted" (the default: only roles holding a group grant in it read it)."""
     with db.connection(write=True) as conn:
         with db.transaction(conn, write=True):
             conn.execute(queries.CHECK_KNOWLEDGE_BASE_NAME, (name,))
@@ -68,6 +71,8 @@ def create(
                 queries.CREATE_KNOWLEDGE_BASE, (name, language, model, dimension)
             ).fetchone()
             assert row is not None
+            if readers is not None:
+                conn.execute(queries.SET_KNOWLEDGE_BASE_READERS, (name, readers))
             created = conn.execute(queries.KNOWLEDGE_BASE, (row[0],)).fetchone()
     assert created is not None
     return KnowledgeBaseInfo(*created)
@@ -76,6 +81,13 @@ def create(
 def rename(db: Database, name: str, new_name: str) -> None:
     with db.session(write=True) as conn:
         conn.execute(queries.RENAME_KNOWLEDGE_BASE, (name, new_name))
+
+
+def set_readers(db: Database, name: str, readers: str) -> None:
+    """Who reads the knowledge base `name` while access control is enforced: "all" reader roles,
+    or those "granted" a group in it."""
+    with db.session(write=True) as conn:
+        conn.execute(queries.SET_KNOWLEDGE_BASE_READERS, (name, readers))
 
 
 def drop(db: Database, name: str) -> tuple[int, int]:

@@ -582,17 +582,18 @@ LIST_INDEXED_METADATA_KEYS: Final = (
 # -- knowledge bases --------------------------------------------------------------------------
 
 KNOWLEDGE_BASES: Final = (
-    "select name, language, model, dimension, documents, chunks, created_at"
+    "select name, language, model, dimension, documents, chunks, readers, created_at"
     " from kb.knowledge_bases()"
 )
 KNOWLEDGE_BASE: Final = (
-    "select name, language, model, dimension, documents, chunks, created_at"
+    "select name, language, model, dimension, documents, chunks, readers, created_at"
     " from kb._knowledge_base_row(%s)"
 )
 KNOWLEDGE_BASE_ID: Final = "select kb.knowledge_base_id(%s)"
 CHECK_KNOWLEDGE_BASE_NAME: Final = "select kb._check_knowledge_base_name(%s)"
 CREATE_KNOWLEDGE_BASE: Final = "select kb.create_knowledge_base(%s, %s, %s, %s)"
 RENAME_KNOWLEDGE_BASE: Final = "select kb.rename_knowledge_base(%s, %s)"
+SET_KNOWLEDGE_BASE_READERS: Final = "select kb.set_knowledge_base_readers(%s, %s)"
 DROP_KNOWLEDGE_BASE: Final = "select documents, chunks from kb.drop_knowledge_base(%s)"
 # default's HNSW limited to its rows, built before the second knowledge base is created
 SHARED_DEFAULT_VECTOR_INDEX: Final = "select kb._shared_default_vector_index()"

@@ -187,3 +187,20 @@ def test_a_renamed_knowledge_base_keeps_its_documents(
     assert "renamed knowledge base hr to people" in ok(cli_env, "kb", "rename", "hr", "people")
     assert sources(cli_env, "parking permit", "--kb", "people")[0] == "permits.md"
     assert sources(cli_env, "parking permit") == []
+
+
+def test_who_reads_a_knowledge_base_is_set_from_the_cli(cli_env: dict[str, str]) -> None:
+    ok(cli_env, "kb", "create", "open", "--readers", "all")
+    ok(cli_env, "kb", "create", "closed")
+    readers = {k["name"]: k["readers"] for k in json.loads(ok(cli_env, "kb", "list", "--json"))}
+    assert readers == {"default": "all", "open": "all", "closed": "granted"}
+    assert "knowledge base open: readers granted" in ok(cli_env, "kb", "readers", "open", "granted")
+    listed = ok(cli_env, "kb", "list").splitlines()
+    assert listed[0].split()[-1] == "readers"
+    assert [line.split()[0] + " " + line.split()[-1] for line in listed[1:]] == [
+        "default all",
+        "open granted",
+        "closed granted",
+    ]
+    wrong = invoke_kbpg("kb", "readers", "open", "everyone", env=cli_env)
+    assert wrong.returncode == 2 and "'everyone' is not one of 'granted', 'all'" in wrong.stderr
