@@ -65,7 +65,8 @@ class KbpgRetriever(_RetrieverWithOptions):
     constructor keyword, checked when the retriever is built; keyword arguments of `invoke`
     override them for one call (None: back to kbpg's default). An unknown keyword is an error.
     `principal` runs every search as that database role (row-level security decides what it
-    may read).
+    may read) and, with its `knowledge_base`, in that knowledge base:
+    `principal=Principal(knowledge_base="ru")`.
 
         retriever = KbpgRetriever.from_env(top=4)               # KBPG_DATABASE_URL or embedded
         retriever = KbpgRetriever.from_url("postgresql://kb@db/kb", top=4)

@@ -1,12 +1,14 @@
-"""The HTTP API (`kbpg serve`): POST /api/v1/kb/search, /healthz, /readyz, /metrics, the search
-page and offline docs."""
+"""The HTTP API (`kbpg serve`): POST /api/v1/kb/search (and /api/v1/kb/{name}/search, in
+another knowledge base), /healthz, /readyz, /metrics, the search page and offline docs."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import logging.config
 import os
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
@@ -33,6 +35,7 @@ from kbpg.errors import (
     InvalidInput,
     KbpgError,
     ModelError,
+    NotFound,
     PermissionDenied,
     QueryTimeout,
     ReadOnlyDatabase,
@@ -67,6 +70,9 @@ _requests = logging.getLogger("kbpg.http")
 
 MAX_BODY_BYTES = 64 * 1024
 SEARCH_PATH = "/api/v1/kb/search"
+# the same search in the knowledge base of that name (the server's own, --kb, at SEARCH_PATH)
+KB_SEARCH_PATH = "/api/v1/kb/{name}/search"
+_KB_SEARCH_PATHS = re.compile(r"/api/v1/kb/[^/]+/search")
 WEB_DIR = Path(__file__).parent / "web"
 BUSY_RETRY_AFTER_S = 2
 
@@ -87,7 +93,15 @@ class _SearchBody(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    @field_validator("*")
+    kb: str | None = Field(
+        default=None,
+        description="The knowledge base to search (its name); the server's own (kbpg serve "
+        "--kb, KBPG_KB) when omitted. One the token's role may not read is not found.",
+        min_length=1,
+        max_length=63,
+    )
+
+    @field_validator(*search_request.OPTIONS, check_fields=False)
     @classmethod
     def _checked(cls, value: Any, info: Any) -> Any:
         try:
@@ -176,6 +190,7 @@ def http_error_response(exc: HTTPException) -> JSONResponse:
 # fix (validation, kbpg's SQL raising with a hint).
 _ANSWERS: list[tuple[type[KbpgError], int, str | None, str | None]] = [
     (InvalidInput, 422, None, None),
+    (NotFound, 404, None, None),  # a knowledge base that is not there (or hidden): kbpg's words
     (
         # the server's configuration: its log names the role and the grant that is missing
         RoleUnavailable,
@@ -331,26 +346,18 @@ def create_app(
     async def http_error(request: Request, exc: HTTPException) -> JSONResponse:
         return http_error_response(exc)
 
-    @app.post(
-        SEARCH_PATH,
-        response_model=SearchResponse,
-        responses={
-            401: {"model": ErrorResponse},
-            403: {"model": ErrorResponse},
-            413: {"model": ErrorResponse},
-            422: {"model": ValidationErrorResponse},
-            503: {"model": ErrorResponse, "description": "busy (Retry-After) or not ready"},
-            504: {"model": ErrorResponse},
-        },
-    )
-    async def search(body: SearchRequest, request: Request) -> Any:  # type: ignore[valid-type]
-        """Rank chunks for a query with kb.search; returns context, sources and chunks.
-
-        Runs as the database role of the request's token; a client that disconnects has its
-        SQL cancelled.
-        """
-        query = search_request.SearchRequest(**body.model_dump())  # type: ignore[attr-defined]
+    async def answer(body: Any, request: Request, kb_name: str | None) -> Any:
+        fields = body.model_dump()
+        named = fields.pop("kb")
+        if kb_name is not None and named is not None and named != kb_name:
+            raise InvalidInput(
+                f"the path names knowledge base {kb_name!r}, the body {named!r}",
+                hint="name it in one place",
+            )
+        query = search_request.SearchRequest(**fields)
         principal = request.scope.get("state", {}).get("principal") or Principal()
+        if (kb_name or named) is not None:
+            principal = dataclasses.replace(principal, knowledge_base=kb_name or named)
         result = await _search_until_disconnect(kb, query, principal, request)
         if result is None:
             return Response(status_code=499)  # nginx's "client closed request"; never read
@@ -358,6 +365,30 @@ def create_app(
         # result is kbpg's own, and validating it again cost more than the search's Python
         payload = orjson.dumps(result.for_display(source_root).to_json())
         return Response(payload, media_type="application/json")
+
+    responses: dict[int | str, dict[str, Any]] = {
+        401: {"model": ErrorResponse},
+        403: {"model": ErrorResponse},
+        404: {"model": ErrorResponse, "description": "no such knowledge base (or not the token's)"},
+        413: {"model": ErrorResponse},
+        422: {"model": ValidationErrorResponse},
+        503: {"model": ErrorResponse, "description": "busy (Retry-After) or not ready"},
+        504: {"model": ErrorResponse},
+    }
+
+    @app.post(SEARCH_PATH, response_model=SearchResponse, responses=responses)
+    async def search(body: SearchRequest, request: Request) -> Any:  # type: ignore[valid-type]
+        """Rank chunks for a query with kb.search; returns context, sources and chunks.
+
+        Runs as the database role of the request's token, in the knowledge base the body's `kb`
+        names (else the server's); a client that disconnects has its SQL cancelled.
+        """
+        return await answer(body, request, None)
+
+    @app.post(KB_SEARCH_PATH, response_model=SearchResponse, responses=responses)
+    async def search_in(name: str, body: SearchRequest, request: Request) -> Any:  # type: ignore[valid-type]
+        """The same search in the knowledge base `name` (a body's `kb`, when given, must agree)."""
+        return await answer(body, request, name)
 
     @app.get(HEALTH_PATH)
     async def healthz() -> JSONResponse:
@@ -416,6 +447,8 @@ _ROUTES = frozenset(
 def route_of(path: str) -> str:
     if path in _ROUTES:
         return path
+    if _KB_SEARCH_PATHS.fullmatch(path):
+        return KB_SEARCH_PATH
     return "/static/" if path.startswith("/static/") else "other"
 
 

@@ -23,6 +23,7 @@ from pydantic import Field
 from kbpg import __version__
 from kbpg.errors import InvalidInput, KbpgError
 from kbpg.search.request import OPTIONS, SearchRequest
+from kbpg.store.sessions import Principal
 
 if TYPE_CHECKING:
     from kbpg.app import KnowledgeBase
@@ -38,6 +39,10 @@ INSTRUCTIONS = (
 )
 # list_documents answers a page at a time: 275 documents unpaged were 138 KB of an agent's context
 LIST_LIMIT = 50
+KB_ARGUMENT = (
+    "The knowledge base to read, by name; the server's own (kbpg mcp --kb, KBPG_KB) when "
+    "omitted. Only when told which one to use."
+)
 MAX_LIST_LIMIT = 500
 _READ_ONLY = ToolAnnotations(read_only_hint=True, idempotent_hint=True, open_world_hint=False)
 
@@ -75,9 +80,9 @@ class KnowledgeBaseTools:
                 self._kb.close()
                 self._kb = None
 
-    def search(self, request: SearchRequest) -> CallToolResult:
+    def search(self, request: SearchRequest, kb: str | None = None) -> CallToolResult:
         with _tool_errors():
-            result = self.knowledge_base().search(request)
+            result = self.knowledge_base().search(request, principal=_in(kb))
         payload = result.to_json()
         text = result.context or "No chunk of the knowledge base matches this question."
         for warning in result.warnings:
@@ -86,7 +91,9 @@ class KnowledgeBaseTools:
             content=[TextContent(type="text", text=text)], structured_content=payload
         )
 
-    def documents(self, group: str | None, limit: int | None, offset: int | None) -> CallToolResult:
+    def documents(
+        self, group: str | None, limit: int | None, offset: int | None, kb: str | None = None
+    ) -> CallToolResult:
         """A page of the documents: `next_offset` is where the next page starts (None: done)."""
         from kbpg.store.catalog import list_documents
 
@@ -99,7 +106,11 @@ class KnowledgeBaseTools:
                     hint="page with offset => next_offset",
                 )
             found = list_documents(
-                self.knowledge_base().db, group=group, limit=limit + 1, offset=offset
+                self.knowledge_base().db,
+                group=group,
+                principal=_in(kb),
+                limit=limit + 1,
+                offset=offset,
             )
         rows = [d.as_dict() for d in found[:limit]]
         more = len(found) > limit
@@ -107,12 +118,17 @@ class KnowledgeBaseTools:
             {"documents": rows, "offset": offset, "next_offset": offset + limit if more else None}
         )
 
-    def document(self, source: str) -> CallToolResult:
+    def document(self, source: str, kb: str | None = None) -> CallToolResult:
         from kbpg.store.catalog import document_chunks
 
         with _tool_errors():
-            document = document_chunks(self.knowledge_base().db, source)
+            document = document_chunks(self.knowledge_base().db, source, principal=_in(kb))
         return _json_result(document.as_dict())
+
+
+def _in(kb: str | None) -> Principal | None:
+    """A tool call's knowledge base (None: the server's own, kbpg mcp --kb, KBPG_KB)."""
+    return None if kb is None else Principal(knowledge_base=kb)
 
 
 def _json_result(payload: dict[str, Any]) -> CallToolResult:
@@ -144,13 +160,15 @@ TOOL_ARGUMENTS: dict[str, dict[str, tuple[str, bool]]] = {
         "recency_key": ("string", False),
         "diversity": ("number", False),
         "facets": ("list of strings", False),
+        "kb": ("string", False),
     },
     "list_documents": {
         "group": ("string", False),
         "limit": ("integer", False),
         "offset": ("integer", False),
+        "kb": ("string", False),
     },
-    "get_document": {"source": ("string", True)},
+    "get_document": {"source": ("string", True), "kb": ("string", False)},
 }
 _SURROGATE = re.compile(r"[\ud800-\udfff]")
 
@@ -260,6 +278,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         recency_key: Annotated[str | None, Field(description=_described("recency_key"))] = None,
         diversity: Annotated[float | None, Field(description=_described("diversity"))] = None,
         facets: Annotated[list[str] | None, Field(description=_described("facets"))] = None,
+        kb: Annotated[str | None, Field(description=KB_ARGUMENT)] = None,
     ) -> CallToolResult:
         with _tool_errors():
             request = SearchRequest(
@@ -274,7 +293,7 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
                 diversity=diversity,
                 facets=None if facets is None else tuple(facets),
             )
-        return tools.search(request)
+        return tools.search(request, kb)
 
     @server.tool(
         name="list_documents",
@@ -297,8 +316,9 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         offset: Annotated[
             int | None, Field(description="Skip this many documents (a next_offset). Default 0.")
         ] = None,
+        kb: Annotated[str | None, Field(description=KB_ARGUMENT)] = None,
     ) -> CallToolResult:
-        return tools.documents(group, limit, offset)
+        return tools.documents(group, limit, offset, kb)
 
     @server.tool(
         name="get_document",
@@ -312,8 +332,9 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
     )
     def get_document(
         source: Annotated[str, Field(description="The document's source.")],
+        kb: Annotated[str | None, Field(description=KB_ARGUMENT)] = None,
     ) -> CallToolResult:
-        return tools.document(source)
+        return tools.document(source, kb)
 
     return server
 

@@ -74,16 +74,28 @@ SELECT_KNOWLEDGE_BASE: Final = "select pg_catalog.set_config('kbpg.kb_id', %s, f
 
 
 @functools.lru_cache(maxsize=1024)
-def local_settings_text(role: str | None, timeouts: tuple[tuple[str, int], ...]) -> str:
-    """local_settings as text, composed once per role and timeouts (every session runs it)."""
-    return local_settings(role, dict(timeouts)).as_string(None)
+def local_settings_text(
+    role: str | None, timeouts: tuple[tuple[str, int], ...], knowledge_base: str | None = None
+) -> str:
+    """local_settings as text, composed once per role, timeouts and knowledge base (every
+    session runs it)."""
+    return local_settings(role, dict(timeouts), knowledge_base).as_string(None)
 
 
-def local_settings(role: str | None, timeouts: dict[str, int]) -> sql.Composed:
-    """One round trip: SET LOCAL ROLE (when a role is given) and the local timeouts (ms)."""
+def local_settings(
+    role: str | None, timeouts: dict[str, int], knowledge_base: str | None = None
+) -> sql.Composed:
+    """One round trip: SET LOCAL ROLE (when a role is given), the knowledge base looked up by
+    name as that role (KB011 when it may not read it), and the local timeouts (ms)."""
     statements = []
     if role is not None:
         statements.append(sql.SQL("set local role {}").format(sql.Identifier(role)))
+    if knowledge_base is not None:
+        statements.append(
+            sql.SQL(
+                "select pg_catalog.set_config('kbpg.kb_id', kb.knowledge_base_id({})::text, true)"
+            ).format(sql.Literal(knowledge_base))
+        )
     statements += [
         sql.SQL("set local {} = {}").format(sql.Identifier(name), sql.Literal(str(value)))
         for name, value in timeouts.items()

@@ -37,15 +37,20 @@ PRIMARY = "primary"  # the primary's name in telemetry and readiness (replicas: 
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a call runs as: a PostgreSQL role the connecting user may SET ROLE to (None: itself)."""
+    """Who a call runs as, and where: a PostgreSQL role the connecting user may SET ROLE to
+    (None: itself), and the knowledge base it works in (None: the Database's own, KBPG_KB).
+
+    The knowledge base is looked up by name as that role (kb.knowledge_base_id), in the call's
+    transaction: one the role may not read is NotFound, as one that does not exist.
+    """
 
     role: str | None = None
+    knowledge_base: str | None = None
 
     def __post_init__(self) -> None:
-        if self.role is not None and (
-            not isinstance(self.role, str) or not self.role or "\x00" in self.role
-        ):
-            raise InvalidInput(f"not a role name: {self.role!r}")
+        for what, value in (("role", self.role), ("knowledge base", self.knowledge_base)):
+            if value is not None and (not isinstance(value, str) or not value or "\x00" in value):
+                raise InvalidInput(f"not a {what} name: {value!r}")
 
 
 class Cancellation:
@@ -182,13 +187,17 @@ class Database:
     def transaction(
         self, conn: Connection, principal: Principal | None = None, *, write: bool = False
     ) -> Iterator[Connection]:
-        """A transaction on `conn` running as the principal's role, with kbpg's local timeouts."""
+        """A transaction on `conn` running as the principal's role, in its knowledge base, with
+        kbpg's local timeouts."""
         with conn.transaction():
             role = principal.role if principal is not None else None
+            knowledge_base = principal.knowledge_base if principal is not None else None
             timeouts = self._timeouts(write)
-            if role is not None or timeouts:
+            if role is not None or knowledge_base is not None or timeouts:
                 try:
-                    conn.execute(queries.local_settings_text(role, tuple(timeouts.items())))
+                    conn.execute(
+                        queries.local_settings_text(role, tuple(timeouts.items()), knowledge_base)
+                    )
                 except psycopg.Error as exc:
                     if role is None or exc.sqlstate not in ("22023", "42501", "42704"):
                         raise

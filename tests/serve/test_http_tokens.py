@@ -16,6 +16,7 @@ import pytest
 
 from kbpg.models.embedders import Embedder
 from kbpg.serve.tokens import hash_token, parse_tokens, token_line
+from kbpg.store import db as kdb
 from tests.conftest import TEMPLATE_DB, create_database, drop_database
 from tests.helpers import KBPG, run_kbpg
 from tests.http_server import free_port, running_server
@@ -64,6 +65,13 @@ def setup(
             # the access helper's SQL API, as a DBA would run it from psql
             conn.execute("select kb.grant_groups(%s, array['public'])", (roles["public"],))
             conn.execute("select kb.grant_groups(%s, array['public', 'staff'])", (roles["staff"],))
+            # a second knowledge base (readers: granted), the same documents: staff reads it
+            row = conn.execute("select kb.create_knowledge_base('handbook')").fetchone()
+            assert row is not None
+            load_kb(kdb.in_knowledge_base(url, row[0]), embedder)
+            conn.execute("select set_config('kbpg.kb_id', %s, false)", (str(row[0]),))
+            conn.execute("select kb.grant_groups(%s, array['public', 'staff'])", (roles["staff"],))
+            conn.execute("select set_config('kbpg.kb_id', '', false)")
             conn.execute("select kb.access_enable()")
         tokens_file = home / "tokens"
         tokens_file.write_text(
@@ -150,6 +158,38 @@ def test_a_role_without_search_rights_is_403_without_internals(setup: Setup) -> 
         "message": "this token may not search this knowledge base",
         "hint": "ask the server's operator to grant the token's role kbpg_reader",
     }
+
+
+def test_a_token_reads_another_knowledge_base_only_with_a_grant_there(setup: Setup) -> None:
+    """The path /api/v1/kb/{name}/search and the body's `kb` search another knowledge base as
+    the token's role; a token whose role holds no grant there is told it does not exist."""
+    staff = {"Authorization": f"Bearer {setup.staff_token}"}
+    in_default = search(setup, setup.staff_token).json()["chunks"]
+    by_path = setup.api.post("/api/v1/kb/handbook/search", json=QUERY, headers=staff)
+    by_body = setup.api.post(SEARCH, json={**QUERY, "kb": "handbook"}, headers=staff)
+    assert sources(by_path) == ALL
+    assert by_body.json() == by_path.json()
+    # the same documents, so the same ranking, of handbook's own chunks
+    handbook = by_path.json()["chunks"]
+    assert [c["source"] for c in handbook] == [c["source"] for c in in_default]
+    assert not {c["chunk_id"] for c in handbook} & {c["chunk_id"] for c in in_default}
+
+    public = {"Authorization": f"Bearer {PUBLIC_TOKEN}"}
+    for name in ("handbook", "nothing"):
+        refused = setup.api.post(f"/api/v1/kb/{name}/search", json=QUERY, headers=public)
+        assert refused.status_code == 404
+        assert refused.json() == {
+            "error": "NotFound",
+            "message": f'no knowledge base "{name}"',
+            "hint": "kbpg kb list (select * from kb.knowledge_bases()) names them; kbpg kb "
+            "create makes one",
+        }
+    both = setup.api.post(
+        "/api/v1/kb/handbook/search", json={**QUERY, "kb": "default"}, headers=staff
+    )
+    assert both.status_code == 422
+    assert both.json()["message"] == "the path names knowledge base 'handbook', the body 'default'"
+    assert sources(search(setup, PUBLIC_TOKEN)) == ALL - {STAFF_ONLY}  # its own goes on
 
 
 def test_a_token_whose_role_does_not_exist_is_403_and_logged(setup: Setup) -> None:

@@ -12,8 +12,10 @@ import pytest
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 
+from kbpg.models.embedders import Embedder
+from kbpg.store import db as kdb
 from tests.helpers import KBPG
-from tests.search_kb import env_for, kb_env, kb_url  # noqa: F401 - fixtures
+from tests.search_kb import DOCS, env_for, kb_env, kb_url, load_kb  # noqa: F401 - fixtures
 
 Session = Callable[[ClientSession], Awaitable[None]]
 
@@ -104,7 +106,12 @@ def test_tools_over_stdio(kb_env: dict[str, str], tmp_path: Path) -> None:  # no
     assert [d["source"] for p in pages for d in p["documents"]] == every
     assert [p["next_offset"] for p in pages] == [2, 4, None]
     assert seen["limit0"].is_error and "limit must be 1 to 500" in _text(seen["limit0"])
-    assert set(tools["list_documents"].input_schema["properties"]) == {"group", "limit", "offset"}
+    assert set(tools["list_documents"].input_schema["properties"]) == {
+        "group",
+        "limit",
+        "offset",
+        "kb",
+    }
 
     document = seen["document"].structured_content
     assert document["title"] == "Parking permits"
@@ -120,6 +127,48 @@ def test_tools_over_stdio(kb_env: dict[str, str], tmp_path: Path) -> None:  # no
     # the server survived the bad calls
     assert not seen["after"].is_error
     assert seen["after"].structured_content["chunks"][0]["source"] == "city/parking/fines.md"
+
+
+def test_each_tool_takes_the_knowledge_base(
+    new_database: Callable[..., str], embedder: Embedder, tmp_path: Path
+) -> None:
+    """`kb` on every tool: another knowledge base's documents (handbook holds two of the five),
+    the server's own without it; a knowledge base that does not exist is a tool error."""
+    url = new_database()
+    load_kb(url, embedder)
+    with kdb.connect(url, autocommit=True) as conn:
+        row = conn.execute("select kb.create_knowledge_base('handbook')").fetchone()
+    assert row is not None
+    load_kb(kdb.in_knowledge_base(url, row[0]), embedder, docs=DOCS[:2])
+    seen: dict[str, Any] = {}
+
+    async def body(session: ClientSession) -> None:
+        seen["own"] = await session.call_tool("list_documents", {})
+        seen["listed"] = await session.call_tool("list_documents", {"kb": "handbook"})
+        seen["search"] = await session.call_tool(
+            "search_knowledge_base", {"query": "renew a parking permit", "top": 8, "kb": "handbook"}
+        )
+        seen["document"] = await session.call_tool(
+            "get_document", {"source": DOCS[0].source, "kb": "handbook"}
+        )
+        seen["elsewhere"] = await session.call_tool(
+            "get_document", {"source": DOCS[4].source, "kb": "handbook"}
+        )
+        seen["missing"] = await session.call_tool(
+            "search_knowledge_base", {"query": "library card", "kb": "nothing"}
+        )
+
+    run_session(env_for(url, tmp_path / "home"), body, tmp_path / "stderr.log")
+    handbook = sorted(d.source for d in DOCS[:2])
+    assert len(seen["own"].structured_content["documents"]) == len(DOCS)
+    assert [d["source"] for d in seen["listed"].structured_content["documents"]] == handbook
+    found = {c["source"] for c in seen["search"].structured_content["chunks"]}
+    assert found and found <= set(handbook)
+    assert seen["document"].structured_content["source"] == DOCS[0].source
+    assert seen["elsewhere"].is_error and f"no such document: {DOCS[4].source}" in _text(
+        seen["elsewhere"]
+    )
+    assert seen["missing"].is_error and 'no knowledge base "nothing"' in _text(seen["missing"])
 
 
 def test_database_down_is_a_tool_error(tmp_path: Path) -> None:
