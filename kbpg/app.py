@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+from collections.abc import Sequence
 from contextlib import AbstractContextManager
 from types import TracebackType
 from typing import Any, Self
@@ -13,6 +14,7 @@ from kbpg.config import Settings
 from kbpg.errors import (
     DatabaseUnavailable,
     EmbeddingSpaceMismatch,
+    InvalidInput,
     KbpgError,
     ReadOnlyDatabase,
     SchemaNotMigrated,
@@ -21,7 +23,7 @@ from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, default_embedder, embedder_for_model
 from kbpg.search.request import SearchRequest
 from kbpg.search.results import SearchResult
-from kbpg.search.run import run_search
+from kbpg.search.run import run_search, run_search_across
 from kbpg.store.language import ModelDefaults, model_defaults
 from kbpg.store.readiness import Readiness
 from kbpg.store.sessions import Cancellation, Connection, Database, Principal
@@ -167,12 +169,16 @@ class KnowledgeBase:
         *,
         principal: Principal | None = None,
         cancel: Cancellation | None = None,
+        knowledge_bases: Sequence[str] | None = None,
         **options: Any,
     ) -> SearchResult:
         """The best chunks for `query`, ranked by kb.search; options are SearchRequest's fields.
 
         `top` defaults to KBPG_DEFAULT_MAX_CHUNKS; pass a SearchRequest instead of a string to
         reuse a validated request. `cancel` lets another thread stop the call's statement.
+        `knowledge_bases`: search those instead of this object's (one: as if it were this
+        object's; several: one ranking across them, kb.search_knowledge_bases, each chunk's
+        `knowledge_base` saying where it comes from).
         """
         if isinstance(query, SearchRequest):
             if options:
@@ -180,6 +186,19 @@ class KnowledgeBase:
             request = query
         else:
             request = SearchRequest(query, **options)
+        if knowledge_bases is not None:
+            if isinstance(knowledge_bases, str) or not knowledge_bases:
+                raise InvalidInput(
+                    "knowledge_bases must be a non-empty list of names",
+                    hint='for example ["handbook", "faq"]',
+                )
+            if len(set(knowledge_bases)) > 1:
+                return run_search_across(
+                    self.db, self.models, request, knowledge_bases, principal, cancel
+                )
+            principal = dataclasses.replace(
+                principal or Principal(), knowledge_base=knowledge_bases[0]
+            )
         return run_search(self.db, self.models, request, principal, cancel)
 
     def warm_up(self) -> None:

@@ -43,7 +43,7 @@ def _with_knowledge_base(command: click.Command) -> None:
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             _with_knowledge_base(sub)
-    elif not any(param.name == "knowledge_base" for param in command.params):
+    elif not any("--kb" in getattr(param, "opts", ()) for param in command.params):
         command.params.append(knowledge_base_option())  # (a command in two groups: once)
 
 

@@ -154,9 +154,29 @@ def _searchable_query(ctx: click.Context, param: click.Parameter, value: str) ->
 _SEARCH_OPTIONS = {name: option for name, option in OPTIONS.items() if name != "query"}
 
 
+def _knowledge_bases(
+    ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
+) -> tuple[str, ...]:
+    app = ctx.find_object(AppContext)
+    if value and app is not None:
+        app.knowledge_base_name = value[0]  # the session's; its model embeds the query
+    return value
+
+
 @click.command()
 @click.argument("query", callback=_searchable_query)
 @search_options(_SEARCH_OPTIONS, defaults={"top": CLI_DEFAULT_TOP})
+@click.option(
+    "--kb",
+    "knowledge_bases",
+    metavar="NAME",
+    multiple=True,
+    is_eager=True,  # before the other options' callbacks read the settings
+    callback=_knowledge_bases,
+    help="The knowledge base to search [env: KBPG_KB; default: default]. Several (--kb a --kb "
+    "b): one ranking across them, each chunk labelled with its knowledge base; they must share "
+    "an embedding model (no graph, recency, diversity, convex fusion, facets, rerank, expand).",
+)
 @click.option("--explain", is_flag=True, help="Per-arm ranks and timings on stderr.")
 @json_option
 @click.option("--context", "context_only", is_flag=True, help="Print only the context block.")
@@ -171,6 +191,7 @@ def search(
     as_json: bool,
     context_only: bool,
     embedder_name: str | None,
+    knowledge_bases: tuple[str, ...],
     **options: Any,
 ) -> None:
     """Search the knowledge base for QUERY (TOON rows by default).
@@ -188,7 +209,7 @@ def search(
     except InvalidInput as exc:
         raise click.UsageError(exc.message) from None
     with app.knowledge_base(embedder_name) as kb:
-        result = kb.search(request)
+        result = kb.search(request, knowledge_bases=knowledge_bases or None)
     for notice in result.notices:
         click.echo(f"Notice: {notice}", err=True)
     for warning in result.warnings:

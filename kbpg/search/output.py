@@ -62,9 +62,12 @@ def render_toon(result: SearchResult, bold: bool = False) -> str:
     """`chunks[N]{document,source,section,score,similarity,content_preview}:` then one row per
     chunk: the source tells documents of the same title apart; score is the fused (RRF) score,
     similarity the vector arm's cosine similarity (null without a query embedding); the
-    preview is the chunk's snippet, the query's words in bold when `bold` (a terminal)."""
+    preview is the chunk's snippet, the query's words in bold when `bold` (a terminal). A
+    search across knowledge bases puts each chunk's knowledge_base first."""
+    across = any(chunk.knowledge_base for chunk in result.chunks)
     rows = [
         {
+            **({"knowledge_base": chunk.knowledge_base} if across else {}),
             "document": chunk.document,
             "source": chunk.source,
             "section": chunk.section,

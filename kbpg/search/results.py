@@ -36,6 +36,7 @@ class Chunk:
     highlights: tuple[tuple[int, int], ...] = ()
     snippet: str = ""  # the window of content holding most of them (empty: none asked for)
     snippet_start: int = 0  # its offset in content
+    knowledge_base: str | None = None  # where it comes from, in a search across several
 
 
 @dataclass(frozen=True)
@@ -45,6 +46,7 @@ class Source:
     source: str
     document: str
     ranks: tuple[int, ...]
+    knowledge_base: str | None = None  # its knowledge base, in a search across several
 
 
 @dataclass(frozen=True)
@@ -154,12 +156,14 @@ def display_sources(sources: Sequence[str], root: str | None = None) -> dict[str
 
 def collect_sources(chunks: Sequence[Chunk]) -> tuple[Source, ...]:
     """Distinct documents in order of first appearance, each with the ranks citing it."""
-    order: dict[str, tuple[str, list[int]]] = {}
+    # (a search across knowledge bases: a source of each knowledge base is a document of its own)
+    order: dict[tuple[str | None, str], tuple[str, list[int]]] = {}
     for chunk in chunks:
-        order.setdefault(chunk.source, (chunk.document, []))[1].append(chunk.rank)
+        key = (chunk.knowledge_base, chunk.source)
+        order.setdefault(key, (chunk.document, []))[1].append(chunk.rank)
     return tuple(
-        Source(source=source, document=document, ranks=tuple(ranks))
-        for source, (document, ranks) in order.items()
+        Source(source=source, document=document, ranks=tuple(ranks), knowledge_base=kb)
+        for (kb, source), (document, ranks) in order.items()
     )
 
 
@@ -188,6 +192,7 @@ def build_context(chunks: Sequence[Chunk], sources: Sequence[Source] | None = No
     lines = ["Sources:"]
     for source in sources:
         cited = ", ".join(str(rank) for rank in source.ranks)
-        lines.append(f"- {printable(source.document)}: {printable(source.source)} [{cited}]")
+        where = f" ({printable(source.knowledge_base)})" if source.knowledge_base else ""
+        lines.append(f"- {printable(source.document)}: {printable(source.source)}{where} [{cited}]")
     parts.append("\n".join(lines))
     return "\n\n".join(parts) + "\n"

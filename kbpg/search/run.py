@@ -4,24 +4,25 @@ rerank when asked (then cap and cut in SQL), and type the rows."""
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from dataclasses import replace
 from typing import Any
 
 import psycopg
 from psycopg.rows import dict_row
 
 from kbpg import telemetry
-from kbpg.errors import EmbeddingSpaceMismatch
+from kbpg.errors import EmbeddingSpaceMismatch, InvalidInput
 from kbpg.models.clients import ModelClients
 from kbpg.models.embedders import Embedder, FloatArray, embed_queries, embedder_for_model
-from kbpg.search.request import SearchRequest, sql_types
+from kbpg.search.request import OPTIONS, SearchRequest, sql_types
 from kbpg.search.results import Chunk, FacetCount, SearchResult, Timings
 from kbpg.search.stages import SKIPPED, StageReport, cap_and_cut, paraphrases, rerank_order
 from kbpg.store import queries
 from kbpg.store.sessions import Cancellation, Database, Principal
 
-__all__ = ["checked_embedding", "run_search", "within_window"]
+__all__ = ["checked_embedding", "run_search", "run_search_across", "within_window"]
 
 
 # kb.search's parameters with their SQL types (explicit casts keep function resolution
@@ -34,6 +35,22 @@ _SEARCH_TYPES = {
     "rerank_pool": "integer",
 }
 _SEARCH_TYPE_ITEMS = tuple(_SEARCH_TYPES.items())
+# what a search across knowledge bases takes (kb.search_knowledge_bases), and the value each
+# option it does not take may have (its default, or off)
+_ACROSS_OPTIONS = frozenset(
+    {"top", "groups", "category", "labels", "filter", "min_similarity", "fetch_multiplier",
+     "max_per_doc", "rrf_k", "vector_weight", "lexical_weight", "snippet"}
+)  # fmt: skip
+_ACROSS_OFF: dict[str, Any] = {
+    "lexical": True,
+    "graph": False,
+    "diversity": 0,
+    "fusion": "rrf",
+    "rerank": False,
+    "expand": False,
+}
+_ACROSS_TYPE_ITEMS = (*_SEARCH_TYPE_ITEMS, ("knowledge_bases", "text[]"))
+_ACROSS_SQL_NAMES = frozenset({"query_text"} | {OPTIONS[name].sql for name in _ACROSS_OPTIONS})
 
 
 def _row_to_chunk(row: dict[str, Any]) -> Chunk:
@@ -56,6 +73,7 @@ def _row_to_chunk(row: dict[str, Any]) -> Chunk:
         highlights=tuple((int(a), int(b)) for a, b in row.get("highlights") or ()),
         snippet=row.get("snippet") or "",
         snippet_start=int(row.get("snippet_start") or 0),
+        knowledge_base=row.get("knowledge_base"),
     )
 
 
@@ -187,6 +205,64 @@ def _report(timings: Timings, stages: list[StageReport]) -> None:
         telemetry.report.stage_outcome(stage.stage, stage.status)
         if stage.status != SKIPPED:
             telemetry.report.search_stage(stage.stage, stage.ms / 1000)
+
+
+def run_search_across(
+    db: Database,
+    models: ModelClients,
+    request: SearchRequest,
+    knowledge_bases: Sequence[str],
+    principal: Principal | None = None,
+    cancel: Cancellation | None = None,
+) -> SearchResult:
+    """One ranking over several knowledge bases of one embedding space (their arms merged by
+    score, fused, capped: kb.search_knowledge_bases), each chunk labelled with its knowledge
+    base. The query is embedded with the model of the first, which the others must share; its
+    words are marked in the first's language. No graph arm, recency, diversity, convex fusion,
+    facets, reranking or expansion: InvalidInput names the one asked for."""
+    refused = sorted(
+        name
+        for name, value in request.options().items()
+        if name not in _ACROSS_OPTIONS and _ACROSS_OFF.get(name) != value
+    )
+    if refused:
+        raise InvalidInput(
+            f"a search across knowledge bases does not take {', '.join(refused)}",
+            hint="search one knowledge base for them, or leave them out",
+        )
+    names = list(dict.fromkeys(knowledge_bases))
+    request = replace(request.with_defaults(db.settings), rerank=False, expand=False)
+    assert request.top is not None  # with_defaults fills it
+    # the session works in the first: the query vector is checked against its model
+    scope = replace(principal or Principal(), knowledge_base=names[0])
+    embedder = models.embedder
+    started = time.perf_counter()
+    embedding = models.embed_query(within_window(embedder, request.query))
+    embedded = time.perf_counter()
+    with _session(db, scope, cancel) as conn:
+        args = {
+            name: value for name, value in request.arguments().items() if name in _ACROSS_SQL_NAMES
+        }
+        args["knowledge_bases"] = names
+        vector = checked_embedding(conn, embedder, embedding)
+        if vector is not None:
+            args["query_embedding"] = vector
+        statement = queries.call_search_text(_ACROSS_TYPE_ITEMS, tuple(args), across=True)
+        with conn.cursor(row_factory=dict_row) as cursor:
+            rows = cursor.execute(statement, args).fetchall()
+        rows = _highlighted(conn, rows, request)
+    finished = time.perf_counter()
+    timings = Timings(
+        embed_ms=(embedded - started) * 1000,
+        sql_ms=(finished - embedded) * 1000,
+        total_ms=(finished - started) * 1000,
+    )
+    _report(timings, [])
+    return SearchResult(
+        query=request.query,
+        chunks=tuple(_row_to_chunk(row) for row in rows),
+        timings=timings,
+    )
 
 
 @contextmanager

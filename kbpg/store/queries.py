@@ -16,6 +16,11 @@ SEARCH_COLUMNS: Final = (
     "rank, chunk_id, document_id, source, title, section, content, score, similarity, "
     "vector_rank, lexical_rank, graph_rank, fused_rank"
 )
+# kb.search_knowledge_bases has no graph arm
+SEARCH_ACROSS_COLUMNS: Final = (
+    "rank, knowledge_base, chunk_id, document_id, source, title, section, content, score, "
+    "similarity, vector_rank, lexical_rank, null::integer as graph_rank, fused_rank"
+)
 # Where the query's words are in each result's text, and its snippet, in the results' order.
 HIGHLIGHT: Final = (
     "select h.highlights, h.snippet, h.snippet_start"
@@ -37,16 +42,19 @@ CAP_AND_CUT: Final = (
 )
 
 
-def call_search(types: dict[str, str], names: list[str]) -> sql.Composed:
+def call_search(types: dict[str, str], names: list[str], across: bool = False) -> sql.Composed:
     """`select <columns> from kb.search(name => %(name)s::type, ...)` for the given names
-    (no cast where the type is empty)."""
+    (no cast where the type is empty); `across`: kb.search_knowledge_bases, the same columns
+    and the knowledge base of each chunk."""
     named = [
         sql.SQL("{} => {}").format(sql.Identifier(name), sql.Placeholder(name))
         + (sql.SQL("::" + types[name]) if types[name] else sql.SQL(""))
         for name in names
     ]
-    return sql.SQL("select {} from kb.search({})").format(
-        sql.SQL(SEARCH_COLUMNS), sql.SQL(", ").join(named)
+    return sql.SQL("select {} from kb.{}({})").format(
+        sql.SQL(SEARCH_ACROSS_COLUMNS if across else SEARCH_COLUMNS),
+        sql.Identifier("search_knowledge_bases" if across else "search"),
+        sql.SQL(", ").join(named),
     )
 
 
@@ -64,9 +72,11 @@ def call_ranked_documents(function: str, names: list[str]) -> sql.Composed:
 
 
 @functools.lru_cache(maxsize=1024)
-def call_search_text(types: tuple[tuple[str, str], ...], names: tuple[str, ...]) -> str:
+def call_search_text(
+    types: tuple[tuple[str, str], ...], names: tuple[str, ...], across: bool = False
+) -> str:
     """call_search as text, composed once per set of arguments (every search runs it)."""
-    return call_search(dict(types), list(names)).as_string(None)
+    return call_search(dict(types), list(names), across).as_string(None)
 
 
 # the knowledge base of the session (a connection opened before it was known)

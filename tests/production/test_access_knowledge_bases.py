@@ -35,6 +35,8 @@ READS_A_KNOWLEDGE_BASE = {
     "model_defaults": "select * from kb.model_defaults()",
     "highlight": "select * from kb.highlight('a parking permit', 'permit')",
     "facets": "select * from kb.facets('permit', array['category'])",
+    # (by name: the one hidden below is `b`)
+    "search_knowledge_bases": "select * from kb.search_knowledge_bases(array['b'], 'permit')",
 }
 # the reader API's functions of their arguments alone, and the name lookup (tested below)
 READS_NO_KNOWLEDGE_BASE = {
@@ -133,7 +135,9 @@ def test_a_reader_granted_hr_in_one_sees_nothing_of_the_other(two_more: TwoMore)
         for name, sql in READS_A_KNOWLEDGE_BASE.items():
             error = refusal(conn, sql)
             assert error.sqlstate == "KB011", (name, error)
-            assert str(error).startswith(f"no knowledge base with id {ids['b']}"), name
+            assert str(error).startswith(
+                (f"no knowledge base with id {ids['b']}", 'no knowledge base "b"')
+            ), name
         # a hidden knowledge base and one that does not exist look the same
         hidden = refusal(conn, "select kb.knowledge_base_id('b')")
         missing = refusal(conn, "select kb.knowledge_base_id('nothing')")

@@ -204,3 +204,64 @@ def test_who_reads_a_knowledge_base_is_set_from_the_cli(cli_env: dict[str, str])
     ]
     wrong = invoke_kbpg("kb", "readers", "open", "everyone", env=cli_env)
     assert wrong.returncode == 2 and "'everyone' is not one of 'granted', 'all'" in wrong.stderr
+
+
+MORE = {
+    "permits.md": "# Permit renewal\n\nRenew a parking permit online a month before it ends.\n",
+    "bikes.md": "# Bicycle parking\n\nBicycle racks stand beside every library.\n",
+}
+
+
+def test_a_search_across_knowledge_bases_fuses_and_labels(
+    two: dict[str, str], db_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`--kb default --kb more` (both MiniLM): one ranking, each chunk labelled, the same from
+    the CLI, Python and psql; with `ru` (a 128-d model) it is refused."""
+    env = two
+    ok(env, "kb", "create", "more")
+    ok(env, "ingest", "--kb", "more", str(write(tmp_path / "more", MORE)))
+    query = "renew a parking permit"
+    found = json.loads(ok(env, "search", query, "--kb", "default", "--kb", "more", "--json"))
+    chunks = found["chunks"]
+    assert {c["knowledge_base"] for c in chunks} == {"default", "more"}
+    assert [(c["knowledge_base"], Path(c["source"]).name) for c in chunks[:2]] == [
+        ("more", "permits.md"),
+        ("default", "permits.md"),
+    ]
+    # the same source in two knowledge bases: two documents, labelled
+    assert [(s["knowledge_base"], Path(s["source"]).name) for s in found["sources"][:2]] == [
+        ("more", "permits.md"),
+        ("default", "permits.md"),
+    ]
+    assert "permits.md (more) [1]" in found["context"]
+    table = ok(env, "search", query, "--kb", "default", "--kb", "more")
+    assert table.splitlines()[0].startswith("chunks[") and "{knowledge_base,document," in table
+
+    for name, value in env.items():
+        if name.startswith("KBPG_"):
+            monkeypatch.setenv(name, value)
+    with KnowledgeBase(pool_size=1) as kb:
+        python = kb.search(query, knowledge_bases=["default", "more"])
+    assert json.loads(output.render_json(python)) == found
+    literal = ok(env, "embed", query).strip()
+    psql = subprocess.run(
+        [str(_binaries_dir() / "psql"), db_url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+         "-v", f"q={literal}", "-v", f"t={query}", "-f", "-"],
+        input="select knowledge_base || ' ' || chunk_id from kb.search_knowledge_bases("
+        "'{default,more}', :'t', :'q'::vector) order by rank;\n",
+        capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert psql.returncode == 0, psql.stderr
+    assert psql.stdout.split("\n")[:-1] == [
+        f"{c['knowledge_base']} {c['chunk_id']}" for c in chunks
+    ]
+
+    refused = invoke_kbpg("search", query, "--kb", "default", "--kb", "ru", env=env)
+    assert refused.returncode == 1
+    assert (
+        "knowledge bases default and ru hold different embedding spaces "
+        "(all-MiniLM-L6-v2 384-d, minilm-128 128-d)" in refused.stderr
+    )
+    graph = invoke_kbpg("search", query, "--kb", "default", "--kb", "more", "--graph", env=env)
+    assert graph.returncode == 1
+    assert "a search across knowledge bases does not take graph" in graph.stderr

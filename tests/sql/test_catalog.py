@@ -162,6 +162,7 @@ READER_API = {
     "kb.highlight",
     "kb.facets",
     "kb.knowledge_base_id",
+    "kb.search_knowledge_bases",
 }
 # The other SECURITY DEFINER functions: the triggers a table source puts on an application's
 # table, so that the application's roles need no grant on schema kb; they write one table,
@@ -323,6 +324,11 @@ def test_a_function_planted_in_public_is_never_called(db_url: str, planter: str)
             (
                 "select * from kb.expand_graph(%s::bigint[], 3, 10, 0.1, groups => '{team}')",
                 ([chunks[0]],),
+            ),
+            (
+                "select * from kb.search_knowledge_bases('{default}', 'renew permit', %s::vector,"
+                " groups => '{team}')",
+                (emb,),
             ),
             ("select * from kb.fuse_rrf('{1,2}', '{2,3}', '{3}')", None),
             ("select * from kb.cap_per_document('{1,2}', '{1,1}', 1)", None),
