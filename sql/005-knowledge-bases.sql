@@ -108,6 +108,27 @@ comment on function kb.knowledge_base_id(text) is
     'select set_config(''kbpg.kb_id'', kb.knowledge_base_id(''hr'')::text, true) makes it the '
     'current one for the transaction, as kbpg''s own connections do.';
 
+create or replace function kb.use_knowledge_base(kb_name text, for_transaction boolean default false)
+returns integer
+language plpgsql
+volatile
+-- a reader's way in (readers call it): kb.knowledge_base_id decides what the caller may name
+security definer
+set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
+as $$
+declare
+    chosen constant integer := kb.knowledge_base_id(kb_name);
+begin
+    perform pg_catalog.set_config('kbpg.kb_id', chosen::text, for_transaction);
+    return chosen;
+end
+$$;
+comment on function kb.use_knowledge_base(text, boolean) is
+    'Make the knowledge base of this name the current one of the session (for_transaction: of '
+    'the transaction), for every kb function and view: select kb.use_knowledge_base(''ru''). '
+    'Its id; SQLSTATE KB011 when there is none, or the caller may not read it.';
+
 create or replace function kb._check_knowledge_base_name(kb_name text)
 returns void
 language plpgsql

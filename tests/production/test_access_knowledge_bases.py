@@ -38,12 +38,13 @@ READS_A_KNOWLEDGE_BASE = {
     # (by name: the one hidden below is `b`)
     "search_knowledge_bases": "select * from kb.search_knowledge_bases(array['b'], 'permit')",
 }
-# the reader API's functions of their arguments alone, and the name lookup (tested below)
+# the reader API's functions of their arguments alone, and those taking a name (tested below)
 READS_NO_KNOWLEDGE_BASE = {
     "fuse_rrf",
     "fuse_convex",
     "cap_per_document",
     "knowledge_base_id",
+    "use_knowledge_base",
 }
 
 
@@ -144,6 +145,9 @@ def test_a_reader_granted_hr_in_one_sees_nothing_of_the_other(two_more: TwoMore)
         assert (hidden.sqlstate, missing.sqlstate) == ("KB011", "KB011")
         assert str(hidden).replace('"b"', '"nothing"') == str(missing)
         assert conn.execute("select kb.knowledge_base_id('a')").fetchone() == (ids["a"],)
+        assert refusal(conn, "select kb.use_knowledge_base('b')").sqlstate == "KB011"
+        assert conn.execute("select kb.use_knowledge_base('a')").fetchone() == (ids["a"],)
+        assert searched(conn) == {chunks["a public"], chunks["a hr"]}
         in_kb(conn, 999)
         assert str(refusal(conn, READS_A_KNOWLEDGE_BASE["search"])).startswith(
             "no knowledge base with id 999"

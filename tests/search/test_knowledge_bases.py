@@ -113,7 +113,7 @@ def test_each_is_searched_in_its_own_language_model_and_statistics(
     psql = subprocess.run(
         [str(_binaries_dir() / "psql"), db_url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
          "-v", f"q={literal}", "-v", f"t={query}", "-f", "-"],
-        input="select set_config('kbpg.kb_id', kb.knowledge_base_id('ru')::text, false) \\g /dev/null\n"
+        input="select kb.use_knowledge_base('ru') \\g /dev/null\n"
         "select chunk_id from kb.search(:'t', :'q'::vector, 3) order by rank;\n",
         capture_output=True, text=True, check=False, timeout=60,
     )  # fmt: skip
