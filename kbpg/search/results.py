@@ -118,7 +118,10 @@ def _record(item: Chunk | Source | StageReport | FacetCount) -> dict[str, Any]:
     names = _FIELD_NAMES.get(type(item))
     if names is None:
         names = _FIELD_NAMES[type(item)] = tuple(f.name for f in fields(item))
-    return {name: getattr(item, name) for name in names}
+    record = {name: getattr(item, name) for name in names}
+    if record.get("knowledge_base", "") is None:  # said in a search across knowledge bases only
+        del record["knowledge_base"]
+    return record
 
 
 _FIELD_NAMES: dict[type[Any], tuple[str, ...]] = {}

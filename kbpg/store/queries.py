@@ -53,7 +53,7 @@ def call_search(types: dict[str, str], names: list[str], across: bool = False) -
     ]
     return sql.SQL("select {} from kb.{}({})").format(
         sql.SQL(SEARCH_ACROSS_COLUMNS if across else SEARCH_COLUMNS),
-        sql.Identifier("search_knowledge_bases" if across else "search"),
+        sql.SQL("search_knowledge_bases" if across else "search"),
         sql.SQL(", ").join(named),
     )
 
