@@ -276,6 +276,34 @@ $$;
 comment on function kb._check_match_count(integer) is
     'Raise SQLSTATE 22023 unless 1 <= match_count <= 1000.';
 
+create or replace function kb._check_search_input(
+    query_text text,
+    query_embedding @extschema:vector@.vector,
+    fetch_multiplier integer
+)
+returns void
+language plpgsql
+immutable
+parallel safe
+security invoker
+set search_path = pg_catalog, pg_temp
+as $$
+begin
+    if fetch_multiplier is null or fetch_multiplier not between 1 and 100 then
+        raise exception 'fetch_multiplier must be between 1 and 100, got %',
+                coalesce(fetch_multiplier::text, 'NULL')
+            using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
+    end if;
+    if (query_text is null or pg_catalog.btrim(query_text) = '') and query_embedding is null then
+        raise exception 'nothing to search: the query text is empty and no embedding was given'
+            using errcode = '22023', hint = 'pass query text, a query embedding, or both';
+    end if;
+end
+$$;
+comment on function kb._check_search_input(text, @extschema:vector@.vector, integer) is
+    'Raise SQLSTATE 22023 unless there is something to search (query text or an embedding) and '
+    '1 <= fetch_multiplier <= 100: kb.search''s and kb.search_knowledge_bases''s.';
+
 create or replace function kb._check_fusion_parameters(
     rrf_k integer,
     vector_weight double precision,

@@ -123,11 +123,7 @@ declare
     best integer;
 begin
     perform kb._check_match_count(search.match_count);
-    if search.fetch_multiplier is null or search.fetch_multiplier not between 1 and 100 then
-        raise exception 'fetch_multiplier must be between 1 and 100, got %',
-                coalesce(search.fetch_multiplier::text, 'NULL')
-            using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
-    end if;
+    perform kb._check_search_input(search.query_text, search.query_embedding, search.fetch_multiplier);
     perform kb._check_fusion_parameters(search.rrf_k, vector_w,
                                        search.lexical_weight, search.graph_weight);
     perform kb._check_max_per_doc(search.max_per_doc);
@@ -137,10 +133,6 @@ begin
         raise exception 'min_similarity and graph_min_score must be finite numbers, got % and %',
                 search.min_similarity, search.graph_min_score
             using errcode = '22023', hint = 'min_similarity is in [-1, 1] (0.30 by default), graph_min_score in [0, 1]';
-    end if;
-    if not has_text and search.query_embedding is null then
-        raise exception 'nothing to search: the query text is empty and no embedding was given'
-            using errcode = '22023', hint = 'pass query text, a query embedding, or both';
     end if;
     perform kb._check_query_embedding(search.query_embedding);
     -- a bad metadata filter is the caller's error (KB004), said before any arm runs

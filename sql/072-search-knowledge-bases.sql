@@ -96,20 +96,12 @@ begin
             using errcode = '0A000', hint = 'search each knowledge base with kb.search';
     end if;
     perform kb._check_match_count(match_count);
-    if fetch_multiplier is null or fetch_multiplier not between 1 and 100 then
-        raise exception 'fetch_multiplier must be between 1 and 100, got %',
-                coalesce(fetch_multiplier::text, 'NULL')
-            using errcode = '22023', hint = 'each arm fetches match_count * fetch_multiplier candidates; 4 is the default';
-    end if;
+    perform kb._check_search_input(query_text, query_embedding, fetch_multiplier);
     perform kb._check_fusion_parameters(rrf_k, coalesce(vector_weight, 1), lexical_weight, 1);
     perform kb._check_max_per_doc(max_per_doc);
     if min_similarity in ('NaN', 'Infinity', '-Infinity') then
         raise exception 'min_similarity must be a finite number, got %', min_similarity
             using errcode = '22023', hint = 'min_similarity is in [-1, 1] (0.30 by default)';
-    end if;
-    if not has_text and query_embedding is null then
-        raise exception 'nothing to search: the query text is empty and no embedding was given'
-            using errcode = '22023', hint = 'pass query text, a query embedding, or both';
     end if;
     perform kb._metadata_jsonpath(filter);
     pool := least(match_count * fetch_multiplier, 1000);

@@ -104,10 +104,11 @@ class KbpgRetriever(BaseRetriever):
 
     Every SearchRequest option (top, groups, category, labels, filter, graph, rerank, ...)
     is a keyword, checked when the retriever is built (InvalidInput for an unknown name or a
-    bad value); `filters` takes LlamaIndex's MetadataFilters instead of kbpg's `filter`. `principal` runs every search as that database role (row-level security decides
-    what it may read) and, with its `knowledge_base`, in that knowledge base
-    (`principal=Principal(knowledge_base="ru")`). kbpg embeds the query with its own model: an embedding in the
-    QueryBundle (another model's) is not used.
+    bad value); `filters` takes LlamaIndex's MetadataFilters instead of kbpg's `filter`.
+    `principal` runs every search as that database role (row-level security decides what it
+    may read) and, with its `knowledge_base`, in that knowledge base
+    (`principal=Principal(knowledge_base="ru")`). kbpg embeds the query with its own model: an
+    embedding in the QueryBundle (another model's) is not used.
 
         retriever = KbpgRetriever.from_env(top=4)          # KBPG_DATABASE_URL or embedded
         retriever = KbpgRetriever.from_url("postgresql://kb@db/kb", top=4)

@@ -53,6 +53,7 @@ EXPECTED_VOLATILITY = {
     "kb.facets(text,text[],text[],text,text[],jsonb,integer)": "s",
     "kb._chunk_matches_filters(text[],text,text[],text[],text,text[])": "i",
     "kb._check_match_count(integer)": "i",
+    "kb._check_search_input(text,vector,integer)": "i",
     "kb.search_vector(vector,integer,text[],text,text[],double precision,vector[],jsonb)": "s",
     "kb._tsquery_lexemes(text)": "i",
     "kb._lexemes_tsquery(text[])": "i",
