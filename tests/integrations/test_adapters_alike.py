@@ -14,14 +14,18 @@ import pytest
 
 from kbpg.app import KnowledgeBase, Principal
 from kbpg.config import Settings
+from kbpg.errors import NotFound
+from kbpg.ingest.run import ingest_paths
 from kbpg.integrations import langchain, llamaindex
 from kbpg.models.embedders import Embedder
 from kbpg.store import access as kaccess
+from kbpg.store.knowledge_bases import create as create_knowledge_base
 from tests.accessdata import login_roles
 from tests.conftest import drop_database
-from tests.integrations.conftest import ingested_samples, relative
+from tests.integrations.conftest import SAMPLES, ingested_samples, relative
 
 VPN = "how do I connect to the VPN"
+PARKING = "where can I park and how do I get a permit"
 
 
 @pytest.fixture(scope="module")
@@ -65,6 +69,37 @@ def test_searches_run_as_the_principal(access_kb: tuple[KnowledgeBase, Principal
     index = llamaindex.KbpgRetriever(kb, top=3, principal=resident)
     assert [int(n.node.node_id) for n in index.retrieve(VPN)] == theirs
     assert [int(n.node.node_id) for n in asyncio.run(index.aretrieve(VPN))] == theirs
+
+
+def test_both_search_the_knowledge_base_their_principal_names(
+    admin_url: str,
+    template_url: str,
+    embedder: Embedder,
+) -> None:
+    """samples/kb in default and its it-helpdesk folder alone in `it`: a principal naming `it`
+    takes both retrievers there, as it takes KnowledgeBase.search."""
+    name, kb = ingested_samples(admin_url, embedder)
+    try:
+        create_knowledge_base(kb.db, "it")
+        with KnowledgeBase(kb.url, embedder, kb="it", pool_size=1) as it:
+            ingest_paths(it.db, it.models, [SAMPLES / "it-helpdesk"], recursive=True)
+        where = Principal(knowledge_base="it")
+        ranked = [c.chunk_id for c in kb.search(PARKING, top=3, principal=where).chunks]
+        assert ranked and ranked != [c.chunk_id for c in kb.search(PARKING, top=3).chunks]
+        chain = langchain.KbpgRetriever(knowledge_base=kb, top=3, principal=where)
+        docs = chain.invoke(PARKING)
+        assert [d.metadata["chunk_id"] for d in docs] == ranked
+        assert all(relative(d.metadata["source"]).startswith("it-helpdesk/") for d in docs)
+        index = llamaindex.KbpgRetriever(kb, top=3, principal=where)
+        assert [int(n.node.node_id) for n in index.retrieve(PARKING)] == ranked
+        nowhere = langchain.KbpgRetriever(
+            knowledge_base=kb, principal=Principal(knowledge_base="nothing")
+        )
+        with pytest.raises(NotFound, match='no knowledge base "nothing"'):
+            nowhere.invoke(PARKING)
+    finally:
+        kb.close()
+        drop_database(admin_url, name)
 
 
 def _langchain(kb: KnowledgeBase) -> Awaitable[Any]:
