@@ -202,13 +202,20 @@ set search_path = pg_catalog, pg_temp
 as $$
 declare
     caller_kb constant text := pg_catalog.current_setting('kbpg.kb_id', true);
+    visible text[];
 begin
+    if not kb._access_admits(knowledge_base, kb._access_caller()) then
+        return;  -- one the caller may not read is not listed (nor one that does not exist)
+    end if;
     -- through the views, as a search in it reads them: the same on a distributed database,
     -- whose statistics are views over the shards' (kbpg db distribute)
     perform pg_catalog.set_config('kbpg.kb_id', knowledge_base::text, true);
+    visible := kb._access_visibility();
+    -- the documents the caller may read, as kb.stats counts them; the chunks are the BM25
+    -- statistics' count, which kb.stats shows every reader too
     return query
     select k.name, (select l.name from kb.language l), e.model, e.dimension,
-           (select pg_catalog.count(*) from kb.documents),
+           (select pg_catalog.count(*) from kb.documents d where kb._visible_to(d.groups, visible)),
            coalesce((select s.chunk_count from kb.corpus_stats s), 0), k.readers, k.created_at
       from kb_data.knowledge_bases k left join kb.embedding_space e on true
      where k.id = knowledge_base;
@@ -216,25 +223,28 @@ begin
 end
 $$;
 comment on function kb._knowledge_base_row(integer) is
-    'One row of kb.knowledge_bases(), of the knowledge base with this id. Internal.';
+    'One row of kb.knowledge_bases(), of the knowledge base with this id; no row when the '
+    'caller may not read it. Internal.';
 
 create or replace function kb.knowledge_bases()
 returns table (name text, language text, model text, dimension integer, documents bigint,
                chunks bigint, readers text, created_at timestamptz)
 language sql
 volatile  -- (reads only; kb._knowledge_base_row selects each knowledge base in turn)
-security invoker
+-- a reader's way in: the owner's rights, the knowledge bases the caller may read (sql/015)
+security definer
 set search_path = pg_catalog, pg_temp
+set client_min_messages = notice
 as $$
     select r.* from kb_data.knowledge_bases b
      cross join lateral kb._knowledge_base_row(b.id) r
      order by b.id
 $$;
 comment on function kb.knowledge_bases() is
-    'The knowledge bases of this database, default first: name, language, embedding model and '
-    'dimension (NULL before the first vector), documents, chunks, which readers may read it '
-    '(all, or granted: those with a group grant in it; kb.set_knowledge_base_readers), when '
-    'created.';
+    'The knowledge bases of this database the caller may read, default first: name, language, '
+    'embedding model and dimension (NULL before the first vector), the documents the caller may '
+    'read, chunks, which readers may read it (all, or granted: those with a group grant in it; '
+    'kb.set_knowledge_base_readers), when created.';
 
 create or replace function kb.set_knowledge_base_readers(kb_name text, readers text)
 returns void

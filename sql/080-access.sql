@@ -51,7 +51,7 @@ return array(select p.oid::pg_catalog.regprocedure
                                            'list_documents', 'get_document', 'get_chunk',
                                            'get_embedding_space', 'stats', 'list_grants',
                                            'access_status', 'model_defaults', 'highlight', 'facets',
-                                           'knowledge_base_id', 'use_knowledge_base',
+                                           'knowledge_base_id', 'use_knowledge_base', 'knowledge_bases',
                                            'search_knowledge_bases'])
               order by 1);
 comment on function kb._access_reader_api() is

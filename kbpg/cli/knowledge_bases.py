@@ -17,7 +17,8 @@ def knowledge_bases() -> None:
     model, BM25 statistics, vector index and grants.
 
     Every database has `default`; any other command works in the one `--kb NAME` (or KBPG_KB)
-    names. These commands need the owner of the kb tables (they build and drop indexes).
+    names. Creating, renaming, dropping and opening one need the owner of the kb tables (they
+    build and drop indexes); a reader lists the ones it may read.
     """
 
 
@@ -96,7 +97,8 @@ _COLUMNS = (
 @pass_app
 @handle_errors
 def kb_list(app: AppContext, as_json: bool) -> None:
-    """The knowledge bases of this database, default first."""
+    """The knowledge bases of this database, default first (those the caller may read: a reader
+    sees its documents in each)."""
     from kbpg.store import knowledge_bases as kbs
 
     with app.knowledge_base() as kb:

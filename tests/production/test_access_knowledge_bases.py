@@ -45,6 +45,7 @@ READS_NO_KNOWLEDGE_BASE = {
     "cap_per_document",
     "knowledge_base_id",
     "use_knowledge_base",
+    "knowledge_bases",
 }
 
 
@@ -146,6 +147,9 @@ def test_a_reader_granted_hr_in_one_sees_nothing_of_the_other(two_more: TwoMore)
         assert str(hidden).replace('"b"', '"nothing"') == str(missing)
         assert conn.execute("select kb.knowledge_base_id('a')").fetchone() == (ids["a"],)
         assert refusal(conn, "select kb.use_knowledge_base('b')").sqlstate == "KB011"
+        # the knowledge bases alice may read, her documents in each (default: public and hr)
+        listed = conn.execute("select name, documents, readers from kb.knowledge_bases()")
+        assert listed.fetchall() == [("default", 3, "all"), ("a", 2, "granted")]
         assert conn.execute("select kb.use_knowledge_base('a')").fetchone() == (ids["a"],)
         assert searched(conn) == {chunks["a public"], chunks["a hr"]}
         in_kb(conn, 999)
@@ -154,6 +158,8 @@ def test_a_reader_granted_hr_in_one_sees_nothing_of_the_other(two_more: TwoMore)
         )
     with akb.connect("dave") as conn:  # a reader without any grant
         assert searched(in_kb(conn, 1)) == in_default & akb.visible["dave"]
+        listed = conn.execute("select name, documents from kb.knowledge_bases()").fetchall()
+        assert listed == [("default", 1)]
         for name in ("a", "b"):
             assert refusal(conn, f"select kb.knowledge_base_id('{name}')").sqlstate == "KB011"
             assert (

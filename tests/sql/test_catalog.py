@@ -165,6 +165,7 @@ READER_API = {
     "kb.knowledge_base_id",
     "kb.search_knowledge_bases",
     "kb.use_knowledge_base",
+    "kb.knowledge_bases",
 }
 # The other SECURITY DEFINER functions: the triggers a table source puts on an application's
 # table, so that the application's roles need no grant on schema kb; they write one table,

@@ -39,6 +39,7 @@ DEFINERS = {
     "kb.access_status": "no argument: kb.access_settings and pg_catalog",
     "kb.knowledge_base_id": "one name compared with text equality over kb_data.knowledge_bases",
     "kb.use_knowledge_base": "one name through kb.knowledge_base_id, then set_config of kbpg.kb_id to its id",
+    "kb.knowledge_bases": "no argument: each knowledge base the caller may read (kb._access_admits), its counts through the views as kb.stats counts them",
     "kb.search_knowledge_bases": "text[] names through kb.knowledge_base_id, then kb.search's arms (query text, a vector, numbers, text[] filters) in each: pgvector and built-in operators over kb_data's tables",
     # table sources (sql/090)
     "kb._source_enqueue": "statement trigger: a changed row's columns as text through to_jsonb of built-in types or the type's output function (no cast), only on its source's own permanent table",
