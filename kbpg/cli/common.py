@@ -201,10 +201,15 @@ lock_wait_option = click.option(
 )
 
 
-def _knowledge_base(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+def choose_knowledge_base(ctx: click.Context, name: str | None) -> None:
+    """The command works in the knowledge base `name` (None: KBPG_KB, else default)."""
     app = ctx.find_object(AppContext)
-    if value is not None and app is not None:
-        app.knowledge_base_name = value
+    if name is not None and app is not None:
+        app.knowledge_base_name = name
+
+
+def _knowledge_base(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    choose_knowledge_base(ctx, value)
 
 
 def knowledge_base_option() -> click.Option:

@@ -12,6 +12,7 @@ import click
 
 from kbpg.cli.common import (
     AppContext,
+    choose_knowledge_base,
     embedder_option,
     handle_errors,
     json_option,
@@ -157,9 +158,8 @@ _SEARCH_OPTIONS = {name: option for name, option in OPTIONS.items() if name != "
 def _knowledge_bases(
     ctx: click.Context, param: click.Parameter, value: tuple[str, ...]
 ) -> tuple[str, ...]:
-    app = ctx.find_object(AppContext)
-    if value and app is not None:
-        app.knowledge_base_name = value[0]  # the session's; its model embeds the query
+    # the first is the session's: its model embeds the query
+    choose_knowledge_base(ctx, value[0] if value else None)
     return value
 
 
