@@ -7,7 +7,9 @@ language sql
 stable
 parallel safe
 security invoker
-set search_path = pg_catalog, pg_temp
+-- no SET clause, so that PostgreSQL inlines it (a search calls it a dozen times; each call
+-- through a SET clause is a function call with the setting saved and restored): a SQL-standard
+-- body is bound when created and looks nothing up by name when it runs
 return coalesce(nullif(pg_catalog.current_setting('kbpg.kb_id', true), ''), '1')::integer;
 comment on function kb._current_kb() is
     'The current knowledge base''s id (the setting kbpg.kb_id; 1, default, when unset): the one '
@@ -19,7 +21,8 @@ language sql
 stable
 parallel safe
 security invoker
-set search_path = pg_catalog, pg_temp
+-- no SET clause: every search asks (through kb._chunks_relation), and a SQL-standard body
+-- is bound when created
 -- or did: default's index stays limited to its rows once another knowledge base was made
 return exists (select 1 from kb_data.knowledge_bases k where k.id operator(pg_catalog.<>) 1)
     or exists (select 1 from pg_catalog.pg_index i

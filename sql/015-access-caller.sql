@@ -20,10 +20,10 @@ returns oid
 language sql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
+-- no SET clause, as kb._access_enforced
 -- a role set and since dropped: oid 0, no role (pg_has_role then answers NULL: no grants)
-return case when pg_catalog.current_setting('role') = 'none'
-            then (select r.oid from pg_catalog.pg_roles r where r.rolname = session_user)
+return case when pg_catalog.current_setting('role') operator(pg_catalog.=) 'none'
+            then (select r.oid from pg_catalog.pg_roles r where r.rolname operator(pg_catalog.=) session_user)
             else coalesce(pg_catalog.to_regrole(pg_catalog.quote_ident(pg_catalog.current_setting('role')))::oid,
                           0::oid) end;
 comment on function kb._access_caller() is
@@ -35,8 +35,10 @@ returns boolean
 language sql
 stable
 security invoker
-set search_path = pg_catalog, pg_temp
-as $$ select c.relrowsecurity from pg_catalog.pg_class c where c.oid = 'kb_data.chunks'::regclass $$;
+-- no SET clause (every search asks: a SET clause would save and restore the setting around
+-- each call); a SQL-standard body, bound when created
+return (select c.relrowsecurity from pg_catalog.pg_class c
+         where c.oid operator(pg_catalog.=) 'kb_data.chunks'::pg_catalog.regclass);
 comment on function kb._access_enforced() is
     'True while row-level security is on for kb.chunks (kb.access_enable()).';
 
@@ -119,21 +121,27 @@ security invoker
 set search_path = pg_catalog, pg_temp
 as $$
 declare
-    caller constant oid := kb._access_caller();
     current_kb constant integer := kb._current_kb();
+    caller oid;
 begin
     -- the current knowledge base comes from a setting anyone may SET (kbpg.kb_id): every
     -- function a reader calls starts here, so one it may not read is refused, and told apart
-    -- from none
-    if not kb._access_admits(current_kb, caller) then
-        raise exception 'no knowledge base with id %', current_kb
-            using errcode = 'KB011',
-                  hint = 'kb.knowledge_base_id(name) gives the id of a knowledge base this role may read';
-    end if;
-    if not kb._access_enforced() or kb._access_reads_all_in(current_kb, caller) then
+    -- from none. With access control off everyone reads every knowledge base there is: the
+    -- caller is not looked up (every search pays this function)
+    if kb._access_enforced() then
+        caller := kb._access_caller();
+        if kb._access_admits(current_kb, caller) then
+            if kb._access_reads_all_in(current_kb, caller) then
+                return null;
+            end if;
+            return kb._access_groups_of(caller);
+        end if;
+    elsif exists (select 1 from kb_data.knowledge_bases k where k.id = current_kb) then
         return null;
     end if;
-    return kb._access_groups_of(caller);
+    raise exception 'no knowledge base with id %', current_kb
+        using errcode = 'KB011',
+              hint = 'kb.knowledge_base_id(name) gives the id of a knowledge base this role may read';
 end
 $$;
 comment on function kb._access_visibility() is
