@@ -8,6 +8,8 @@ with its own embedding space (no HNSW of its own below 2,000 chunks). It prints
 - the first creation (default's HNSW built again limited to its rows, once),
 - the time to create, fill (chunks, statistics, impact cache) and drop a small knowledge base,
   p50 / p95 / max over the last ones made, and to create-and-drop an empty one,
+- searches in SEARCHED of the small knowledge bases (hybrid, BM25 only, vector only; a query
+  made of a few words of one of its chunks, with that chunk's vector): p50 / p95 / max,
 - `kbpg db upgrade`'s time with MANY + 1 knowledge bases (sql/ applied again),
 - the growth of schema kb_data (relations, bytes).
 
@@ -31,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from pgvector.psycopg import register_vector
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -90,6 +93,44 @@ def make_small(
     return timings
 
 
+SMALL_SEARCHES = [
+    ("kb.search hybrid", "select chunk_id from kb.search(%(q)s, %(e)s, 8)"),
+    ("kb.search lexical only", "select chunk_id from kb.search(%(q)s, null, 8)"),
+    ("kb.search_vector", "select chunk_id from kb.search_vector(%(e)s, 8)"),
+]
+
+
+def small_searches(conn: psycopg.Connection[Any], searched: int, rng: random.Random) -> None:
+    """Each search in `searched` small knowledge bases: a query of four words of one of its
+    chunks and that chunk's vector, warmed once, timed as the best of 3."""
+    names = [
+        name
+        for (name,) in conn.execute(
+            "select name from kb_data.knowledge_bases where name like 'small-%' order by id"
+        ).fetchall()
+    ]
+    picked = rng.sample(names, min(searched, len(names)))
+    register_vector(conn)
+    timings: dict[str, list[float]] = {label: [] for label, _ in SMALL_SEARCHES}
+    for name in picked:
+        conn.execute(
+            "select set_config('kbpg.kb_id', kb.knowledge_base_id(%s)::text, false)", (name,)
+        )
+        row = conn.execute(
+            "select c.content, c.embedding from kb.chunks c order by c.id limit 1"
+        ).fetchone()
+        assert row is not None, name
+        query = " ".join(str(row[0]).split()[:4])
+        for label, sql in SMALL_SEARCHES:
+            params = {"q": query, "e": row[1]}
+            conn.execute(sql, params).fetchall()
+            timings[label].append(min(seconds(conn, sql, params) for _ in range(3)))
+    conn.execute("select set_config('kbpg.kb_id', '1', false)")
+    log(f"searches in {len(picked)} small knowledge bases (load {load_average()}):")
+    for label, values in timings.items():
+        summary(f"  {label}", values)
+
+
 def summary(label: str, values: list[float]) -> None:
     log(
         f"{label:<34} p50 {percentile(values, 0.5) * 1000:8.1f} ms   p95 "
@@ -104,6 +145,9 @@ def main() -> None:
     parser.add_argument("--small-min", type=int, default=100)
     parser.add_argument("--small-max", type=int, default=250)
     parser.add_argument("--seed", type=int, default=39)
+    parser.add_argument(
+        "--searched", type=int, default=40, help="small knowledge bases to search in"
+    )
     args = parser.parse_args()
     rng = random.Random(args.seed)
     own_sockets(args.corpus)
@@ -161,6 +205,7 @@ def main() -> None:
                 )
             summary("create + drop (empty)", empty)
             summary("drop (200 chunks)", filled)
+            small_searches(conn, args.searched, rng)
             catalog_after = conn.execute(CATALOG).fetchone()
             assert catalog_before is not None and catalog_after is not None
             log(

@@ -7,9 +7,10 @@ language sql
 stable
 parallel safe
 security invoker
--- no SET clause, so that PostgreSQL inlines it (a search calls it a dozen times; each call
--- through a SET clause is a function call with the setting saved and restored): a SQL-standard
--- body is bound when created and looks nothing up by name when it runs
+-- a SET clause keeps it from being inlined, on purpose: inlined, the COALESCE of a non-immutable
+-- function lands in statements on Citus's distributed tables, which refuse it ("non-IMMUTABLE
+-- functions are not allowed in CASE or COALESCE statements"), where the call is evaluated once
+set search_path = pg_catalog, pg_temp
 return coalesce(nullif(pg_catalog.current_setting('kbpg.kb_id', true), ''), '1')::integer;
 comment on function kb._current_kb() is
     'The current knowledge base''s id (the setting kbpg.kb_id; 1, default, when unset): the one '

@@ -26,13 +26,12 @@ ATOMIC = re.compile(r"^begin atomic\n(.*?)\nend;$", re.MULTILINE | re.DOTALL)
 RETURN = re.compile(r"^return (.*?);$", re.MULTILINE | re.DOTALL)
 
 # Functions without a SET search_path clause, by design: PostgreSQL inlines a SQL function
-# only without one, and these run per row (or per probe), or in every search (the current
-# knowledge base and the caller, asked a dozen times a search: a SET clause saves and restores
-# the setting around each call); their bodies are SQL-standard, bound to objects when created
+# only without one, and these run per row (or per probe), or in every search (whether the
+# table is shared, who calls, whether access control is on: a SET clause saves and restores the
+# setting around each call); their bodies are SQL-standard, bound to objects when created
 # (kbpg.db applies the files under search_path pg_catalog, pg_temp), so nothing in them is
 # looked up by name at run time.
 INLINED = [
-    "kb._current_kb",
     "kb._chunks_shared",
     "kb._access_caller",
     "kb._access_enforced",
