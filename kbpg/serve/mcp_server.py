@@ -35,7 +35,9 @@ INSTRUCTIONS = (
     "kbpg is a knowledge base of documents cut into chunks. Call search_knowledge_base with "
     "the user's question in natural language to get the best chunks as a numbered context "
     "block with its sources; cite chunks by their [number]. list_documents shows what the "
-    "knowledge base holds; get_document returns one document's chunks in reading order."
+    "knowledge base holds; get_document returns one document's chunks in reading order. "
+    "A database may hold several knowledge bases: list_knowledge_bases names those this "
+    "server may read; pass one's name as kb to the other tools."
 )
 # list_documents answers a page at a time: 275 documents unpaged were 138 KB of an agent's context
 LIST_LIMIT = 50
@@ -117,6 +119,15 @@ class KnowledgeBaseTools:
         return _json_result(
             {"documents": rows, "offset": offset, "next_offset": offset + limit if more else None}
         )
+
+    def knowledge_bases(self) -> CallToolResult:
+        """The knowledge bases the server's role may read (kb.knowledge_bases()), default
+        first, with the documents and chunks it may read in each."""
+        from kbpg.store.knowledge_bases import list_all
+
+        with _tool_errors():
+            found = list_all(self.knowledge_base().db)
+        return _json_result({"knowledge_bases": [k.as_dict() for k in found]})
 
     def document(self, source: str, kb: str | None = None) -> CallToolResult:
         from kbpg.store.catalog import document_chunks
@@ -245,7 +256,7 @@ class StrictArguments(ServerMiddleware[Any]):
 
 
 def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
-    """The MCP server with kbpg's three tools over `tools`."""
+    """The MCP server with kbpg's four tools over `tools`."""
     server: MCPServer[Any] = MCPServer(
         "kbpg",
         version=__version__,
@@ -335,6 +346,20 @@ def create_server(tools: KnowledgeBaseTools) -> MCPServer[Any]:
         kb: Annotated[str | None, Field(description=KB_ARGUMENT)] = None,
     ) -> CallToolResult:
         return tools.document(source, kb)
+
+    @server.tool(
+        name="list_knowledge_bases",
+        title="List the knowledge bases",
+        annotations=_READ_ONLY,
+        description=(
+            "List the knowledge bases of this database that the server may read, default "
+            "first: name, language, embedding model, and how many documents and chunks it may "
+            "read in each. Pass a name as kb to search_knowledge_base, list_documents or "
+            "get_document to read that one; without kb they read the server's own."
+        ),
+    )
+    def list_knowledge_bases() -> CallToolResult:
+        return tools.knowledge_bases()
 
     return server
 

@@ -79,7 +79,12 @@ def test_tools_over_stdio(kb_env: dict[str, str], tmp_path: Path) -> None:  # no
     run_session(kb_env, body, tmp_path / "stderr.log")
 
     tools = seen["tools"]
-    assert set(tools) == {"search_knowledge_base", "list_documents", "get_document"}
+    assert set(tools) == {
+        "search_knowledge_base",
+        "list_documents",
+        "get_document",
+        "list_knowledge_bases",
+    }
     schema = tools["search_knowledge_base"].input_schema
     assert schema["required"] == ["query"]
     assert {"top", "groups", "category", "labels"} <= set(schema["properties"])
@@ -143,6 +148,7 @@ def test_each_tool_takes_the_knowledge_base(
     seen: dict[str, Any] = {}
 
     async def body(session: ClientSession) -> None:
+        seen["knowledge_bases"] = await session.call_tool("list_knowledge_bases", {})
         seen["own"] = await session.call_tool("list_documents", {})
         seen["listed"] = await session.call_tool("list_documents", {"kb": "handbook"})
         seen["search"] = await session.call_tool(
@@ -160,6 +166,12 @@ def test_each_tool_takes_the_knowledge_base(
 
     run_session(env_for(url, tmp_path / "home"), body, tmp_path / "stderr.log")
     handbook = sorted(d.source for d in DOCS[:2])
+    listed = seen["knowledge_bases"].structured_content["knowledge_bases"]
+    assert [(k["name"], k["documents"]) for k in listed] == [
+        ("default", len(DOCS)),
+        ("handbook", 2),
+    ]
+    assert listed[1]["model"] == listed[0]["model"] and listed[0]["chunks"] > listed[1]["chunks"]
     assert len(seen["own"].structured_content["documents"]) == len(DOCS)
     assert [d["source"] for d in seen["listed"].structured_content["documents"]] == handbook
     found = {c["source"] for c in seen["search"].structured_content["chunks"]}
