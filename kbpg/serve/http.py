@@ -13,7 +13,7 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager, suppress
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import orjson
 import psycopg
@@ -99,6 +99,15 @@ class _SearchBody(BaseModel):
         "--kb, KBPG_KB) when omitted. One the token's role may not read is not found.",
         min_length=1,
         max_length=63,
+    )
+    kbs: list[Annotated[str, Field(min_length=1, max_length=63)]] | None = Field(
+        default=None,
+        description="Several knowledge bases of one embedding space to search together (by "
+        "name): one ranking across them, each chunk and source naming its knowledge base "
+        "(kb.search_knowledge_bases). Not with `kb` or a name in the path; no graph arm, "
+        "recency, diversity, facets, rerank or expand.",
+        min_length=1,
+        max_length=100,
     )
 
     @field_validator(*search_request.OPTIONS, check_fields=False)
@@ -259,12 +268,19 @@ async def _disconnected(request: Request) -> None:
 
 
 async def _search_until_disconnect(
-    kb: KnowledgeBase, query: search_request.SearchRequest, principal: Principal, request: Request
+    kb: KnowledgeBase,
+    query: search_request.SearchRequest,
+    principal: Principal,
+    request: Request,
+    knowledge_bases: list[str] | None = None,
 ) -> SearchResult | None:
-    """Run the search in a worker thread; cancel its SQL when the client disconnects (None)."""
+    """Run the search in a worker thread (across `knowledge_bases` when given); cancel its SQL
+    when the client disconnects (None)."""
     cancel = Cancellation()
     work = asyncio.ensure_future(
-        run_in_threadpool(kb.search, query, principal=principal, cancel=cancel)
+        run_in_threadpool(
+            kb.search, query, principal=principal, cancel=cancel, knowledge_bases=knowledge_bases
+        )
     )
     gone = asyncio.ensure_future(_disconnected(request))
     try:
@@ -349,16 +365,23 @@ def create_app(
     async def answer(body: Any, request: Request, kb_name: str | None) -> Any:
         fields = body.model_dump()
         named = fields.pop("kb")
+        across = fields.pop("kbs")
         if kb_name is not None and named is not None and named != kb_name:
             raise InvalidInput(
                 f"the path names knowledge base {kb_name!r}, the body {named!r}",
                 hint="name it in one place",
             )
+        if across is not None and (kb_name or named) is not None:
+            raise InvalidInput(
+                "kbs names the knowledge bases of a search across several: not with kb or a "
+                "knowledge base in the path",
+                hint=f"POST {SEARCH_PATH} with kbs alone",
+            )
         query = search_request.SearchRequest(**fields)
         principal = request.scope.get("state", {}).get("principal") or Principal()
         if (kb_name or named) is not None:
             principal = dataclasses.replace(principal, knowledge_base=kb_name or named)
-        result = await _search_until_disconnect(kb, query, principal, request)
+        result = await _search_until_disconnect(kb, query, principal, request, across)
         if result is None:
             return Response(status_code=499)  # nginx's "client closed request"; never read
         # serialised here, not re-validated against SearchResponse (the docs' schema): the

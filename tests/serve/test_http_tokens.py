@@ -192,6 +192,48 @@ def test_a_token_reads_another_knowledge_base_only_with_a_grant_there(setup: Set
     assert sources(search(setup, PUBLIC_TOKEN)) == ALL - {STAFF_ONLY}  # its own goes on
 
 
+def test_a_token_searches_across_the_knowledge_bases_its_role_reads(setup: Setup) -> None:
+    """`kbs` in the body: one ranking across knowledge bases of one embedding space, each chunk
+    and source naming its own; one the token's role may not read is not found; `kbs` beside a
+    knowledge base in the path or `kb` is refused."""
+    staff = {"Authorization": f"Bearer {setup.staff_token}"}
+    own = {
+        name: {
+            c["chunk_id"]
+            for c in setup.api.post(SEARCH, json={**QUERY, "kb": name}, headers=staff).json()[
+                "chunks"
+            ]
+        }
+        for name in ("default", "handbook")
+    }
+    across = setup.api.post(SEARCH, json={**QUERY, "kbs": ["default", "handbook"]}, headers=staff)
+    assert across.status_code == 200, across.text
+    chunks = across.json()["chunks"]
+    assert len(chunks) == QUERY["top"]
+    assert {c["knowledge_base"] for c in chunks} == {"default", "handbook"}
+    for chunk in chunks:  # each labelled with the knowledge base its own search finds it in
+        assert chunk["chunk_id"] in own[chunk["knowledge_base"]]
+    assert {(s["knowledge_base"], s["source"]) for s in across.json()["sources"]} == {
+        (c["knowledge_base"], c["source"]) for c in chunks
+    }
+    assert "(handbook)" in across.json()["context"]
+
+    public = {"Authorization": f"Bearer {PUBLIC_TOKEN}"}
+    refused = setup.api.post(SEARCH, json={**QUERY, "kbs": ["default", "handbook"]}, headers=public)
+    assert refused.status_code == 404 and refused.json()["error"] == "NotFound"
+    for path, extra in (("/api/v1/kb/handbook/search", {}), (SEARCH, {"kb": "handbook"})):
+        both = setup.api.post(
+            path, json={**QUERY, **extra, "kbs": ["default", "handbook"]}, headers=staff
+        )
+        assert both.status_code == 422
+        assert both.json()["message"].startswith("kbs names the knowledge bases of a search")
+    graph = setup.api.post(
+        SEARCH, json={**QUERY, "kbs": ["default", "handbook"], "graph": True}, headers=staff
+    )
+    assert graph.status_code == 422
+    assert graph.json()["message"] == "a search across knowledge bases does not take graph"
+
+
 def test_a_token_whose_role_does_not_exist_is_403_and_logged(setup: Setup) -> None:
     """A server configuration error, not a bad request (it was 422 "check the request's
     values"): the client learns nothing of roles, the server log names the role."""
