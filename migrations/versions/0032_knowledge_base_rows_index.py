@@ -30,7 +30,7 @@ create index chunks_kb_id_id on kb_data.chunks (kb_id, id)
     where kb_id operator(pg_catalog.<>) 1;
 comment on index kb_data.chunks_kb_id_id is
     'The chunks of every knowledge base but default, for the statements that name one as a '
-    'literal (kb._chunks_relation): its exact vector path, its BM25 scoring, its refresh.';
+    'literal (kb._chunks_relation): its exact vector path and its BM25 scoring.';
 """
 
 DOWNGRADE = """
