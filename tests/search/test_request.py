@@ -155,7 +155,7 @@ def test_cli_offers_every_option() -> None:
 def test_http_body_has_every_option() -> None:
     from kbpg.serve.http import SearchRequest as Body
 
-    assert set(Body.model_fields) == set(OPTIONS) | {"kb"}  # and which knowledge base
+    assert set(Body.model_fields) == set(OPTIONS) | {"kb", "kbs"}  # and which knowledge base(s)
     schema = Body.model_json_schema()
     assert schema["required"] == ["query"]
     top = next(s for s in schema["properties"]["top"]["anyOf"] if s["type"] == "integer")
