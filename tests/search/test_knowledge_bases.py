@@ -56,6 +56,25 @@ def sources(env: dict[str, str], query: str, *args: str) -> list[str]:
     return [Path(c["source"]).name for c in found["chunks"]]
 
 
+def use_env(monkeypatch: pytest.MonkeyPatch, env: dict[str, str]) -> None:
+    """The CLI's KBPG_* settings for KnowledgeBase() in this process."""
+    for name, value in env.items():
+        if name.startswith("KBPG_"):
+            monkeypatch.setenv(name, value)
+
+
+def psql_lines(db_url: str, query: str, embedding: str, script: str) -> list[str]:
+    """`script` run by psql as a user types it, with :'t' the query text and :'q' its
+    embedding (`kbpg embed`); its output lines."""
+    done = subprocess.run(
+        [str(_binaries_dir() / "psql"), db_url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
+         "-v", f"q={embedding}", "-v", f"t={query}", "-f", "-"],
+        input=script, capture_output=True, text=True, check=False, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split("\n")[:-1]
+
+
 def lexical(db_url: str, kb: str, query: str) -> list[tuple[str, float]]:
     with psycopg.connect(db_url) as conn:
         conn.execute(
@@ -103,22 +122,19 @@ def test_each_is_searched_in_its_own_language_model_and_statistics(
     # Python, psql and HTTP give the CLI's ranking
     query = "бесплатный читательский билет"
     cli = json.loads(ok(env, "search", query, "--kb", "ru", "--json", "--top", "3"))
-    for name, value in env.items():
-        if name.startswith("KBPG_"):
-            monkeypatch.setenv(name, value)
+    use_env(monkeypatch, env)
     with KnowledgeBase(kb="ru", pool_size=1) as kb:
         assert json.loads(output.render_json(kb.search(query, top=3))) == cli
     literal = ok(env, "embed", "--kb", "ru", query).strip()
     assert literal.count(",") == 127
-    psql = subprocess.run(
-        [str(_binaries_dir() / "psql"), db_url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-         "-v", f"q={literal}", "-v", f"t={query}", "-f", "-"],
-        input="select kb.use_knowledge_base('ru') \\g /dev/null\n"
+    ranked = psql_lines(
+        db_url,
+        query,
+        literal,
+        "select kb.use_knowledge_base('ru') \\g /dev/null\n"
         "select chunk_id from kb.search(:'t', :'q'::vector, 3) order by rank;\n",
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-    assert psql.returncode == 0, psql.stderr
-    assert [int(i) for i in psql.stdout.split()] == [c["chunk_id"] for c in cli["chunks"]]
+    )
+    assert [int(i) for i in ranked] == [c["chunk_id"] for c in cli["chunks"]]
     with running_server({**env, "KBPG_KB": "ru"}, tmp_path / "serve.log") as api:
         served_chunks = api.post("/api/v1/kb/search", json={"query": query, "top": 3}).json()[
             "chunks"
@@ -237,24 +253,18 @@ def test_a_search_across_knowledge_bases_fuses_and_labels(
     table = ok(env, "search", query, "--kb", "default", "--kb", "more")
     assert table.splitlines()[0].startswith("chunks[") and "{knowledge_base,document," in table
 
-    for name, value in env.items():
-        if name.startswith("KBPG_"):
-            monkeypatch.setenv(name, value)
+    use_env(monkeypatch, env)
     with KnowledgeBase(pool_size=1) as kb:
         python = kb.search(query, knowledge_bases=["default", "more"])
     assert json.loads(output.render_json(python)) == found
     literal = ok(env, "embed", query).strip()
-    psql = subprocess.run(
-        [str(_binaries_dir() / "psql"), db_url, "-X", "-A", "-t", "-v", "ON_ERROR_STOP=1",
-         "-v", f"q={literal}", "-v", f"t={query}", "-f", "-"],
-        input="select knowledge_base || ' ' || chunk_id from kb.search_knowledge_bases("
+    assert psql_lines(
+        db_url,
+        query,
+        literal,
+        "select knowledge_base || ' ' || chunk_id from kb.search_knowledge_bases("
         "'{default,more}', :'t', :'q'::vector) order by rank;\n",
-        capture_output=True, text=True, check=False, timeout=60,
-    )  # fmt: skip
-    assert psql.returncode == 0, psql.stderr
-    assert psql.stdout.split("\n")[:-1] == [
-        f"{c['knowledge_base']} {c['chunk_id']}" for c in chunks
-    ]
+    ) == [f"{c['knowledge_base']} {c['chunk_id']}" for c in chunks]
 
     refused = invoke_kbpg("search", query, "--kb", "default", "--kb", "ru", env=env)
     assert refused.returncode == 1
